@@ -1,0 +1,3 @@
+from halwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Token view of a sample: the scoring model's input ids, the prompt/response boundary, and the character span in the
+response of every response token, so that any per-token signal can be turned into character spans.
+
+Two input modes build the model input (recorded with every result):
+
+- ``raw``: the prompt's tokens (with the tokenizer's own special tokens, e.g. BOS) followed by the response's tokens,
+  each tokenized on its own, as the TOHA reference code does.
+- ``chat``: the scoring model's chat template with the prompt as the user turn and the generation prompt of the
+  assistant turn, followed by the response's tokens as the assistant's answer.
+
+In both modes the response is tokenized by itself, so its token offsets index ``sample.response`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from halwatch.errors import InputError
+from halwatch.sample import Sample
+
+INPUT_MODES = ("raw", "chat")
+DEFAULT_MAX_TOKENS = 1024
+
+log = logging.getLogger("halwatch")
+
+
+@dataclass
+class TokenView:
+    """The model input of one sample. Positions ``n_prompt .. len(input_ids) - 1`` are the response tokens."""
+
+    sample: Sample
+    input_ids: list[int]
+    n_prompt: int
+    offsets: list[tuple[int, int]]  # character span in sample.response of each response token
+    input_mode: str
+    cut_chars: int = 0  # characters cut from the left of the context to fit the token cap
+
+    @property
+    def n_response(self) -> int:
+        return len(self.input_ids) - self.n_prompt
+
+    def spans(self, token_scores, threshold: float) -> list[dict]:
+        """Character spans of the response tokens whose score is at least ``threshold``.
+
+        Consecutive flagged tokens merge into one span; a span's edges are trimmed of white space; its
+        ``confidence`` is the highest token score inside it.
+        """
+        scores = np.asarray(token_scores, dtype=float)
+        if scores.shape != (self.n_response,):
+            raise ValueError(f"expected {self.n_response} token scores, got shape {scores.shape}")
+        text = self.sample.response
+        spans: list[dict] = []
+        run: list[int] = []
+        for i in [*range(self.n_response), None]:
+            if i is not None and scores[i] >= threshold:
+                run.append(i)
+                continue
+            if run:
+                start, end = self.offsets[run[0]][0], self.offsets[run[-1]][1]
+                while start < end and text[start].isspace():
+                    start += 1
+                while end > start and text[end - 1].isspace():
+                    end -= 1
+                if end > start:
+                    spans.append(
+                        {"start": start, "end": end, "text": text[start:end], "confidence": float(scores[run].max())}
+                    )
+                run = []
+        return spans
+
+    def token_labels(self) -> np.ndarray:
+        """1 for each response token that overlaps a gold span of the sample, else 0."""
+        labels = np.zeros(self.n_response, dtype=np.int8)
+        for span in self.sample.spans:
+            for i, (start, end) in enumerate(self.offsets):
+                if start < span["end"] and span["start"] < end:
+                    labels[i] = 1
+        return labels
+
+
+def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
+    if input_mode == "raw":
+        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if input_mode == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise InputError(f"the scoring model's tokenizer has no chat template: use input mode 'raw'")
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
+
+
+def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    # Byte-level tokenizers may give a token that holds part of a multi-byte character the same span as its
+    # neighbour; keep spans inside the text and non-decreasing so every token maps to real characters.
+    fixed: list[tuple[int, int]] = []
+    prev_end = 0
+    for start, end in offsets:
+        start, end = max(0, min(start, len(response))), max(0, min(end, len(response)))
+        if end <= start:
+            start, end = prev_end, max(prev_end, end)
+        fixed.append((start, end))
+        prev_end = max(prev_end, end)
+    return ids, fixed
+
+
+def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS) -> TokenView:
+    """Tokenize ``sample`` for the scoring model, cutting the context from its left end to fit ``max_tokens``.
+
+    The response is never cut: a response that alone does not fit, or does not fit beside the part of the prompt
+    that is not context, raises :class:`InputError` for that record.
+    """
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
+    resp_ids, offsets = _response_tokens(tokenizer, sample.response)
+    if len(resp_ids) >= max_tokens:
+        raise InputError(
+            f"the response alone has {len(resp_ids)} tokens, over the cap of {max_tokens - 1} "
+            f"(raise --max-tokens)",
+            sample.where,
+        )
+    prompt = sample.prompt
+    ctx_start, ctx_end = sample.context_span or (0, len(prompt))
+    cut = 0
+    while True:
+        text = prompt[:ctx_start] + prompt[ctx_start + cut :]
+        prompt_ids = _prompt_ids(tokenizer, text, input_mode)
+        excess = len(prompt_ids) + len(resp_ids) - max_tokens
+        if excess <= 0:
+            break
+        remaining = prompt[ctx_start + cut : ctx_end]
+        ctx_offsets = tokenizer(remaining, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        if excess >= len(ctx_offsets):
+            raise InputError(
+                f"prompt and response do not fit in {max_tokens} tokens even with the whole context cut "
+                f"(response: {len(resp_ids)} tokens)",
+                sample.where,
+            )
+        cut += max(1, ctx_offsets[excess][0])
+    if cut:
+        log.warning("%s: prompt cut by %d context characters (from the left) to fit %d tokens",
+                    sample.where or "sample", cut, max_tokens)
+    return TokenView(
+        sample=sample,
+        input_ids=prompt_ids + resp_ids,
+        n_prompt=len(prompt_ids),
+        offsets=offsets,
+        input_mode=input_mode,
+        cut_chars=cut,
+    )
