@@ -1,0 +1,71 @@
+"""On-disk cache of forward-pass signals, keyed by content.
+
+The key covers everything that determines the signals: scoring model name and weights hash, input mode, the exact
+token ids and prompt/response boundary, the signal request, and a format version. Entries are written to a temporary
+file and renamed into place, so an interrupted run leaves either a whole entry or none; an unreadable entry (e.g.
+from a full disk) counts as missing and is replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from halwatch.models.forward import Signals, SignalRequest
+
+FORMAT_VERSION = 1
+
+
+def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n_prompt: int,
+               request: SignalRequest) -> str:
+    ids = np.asarray(input_ids, dtype=np.int64).tobytes()
+    payload = json.dumps(
+        {
+            "v": FORMAT_VERSION,
+            "model": model_name,
+            "weights": weights_hash,
+            "mode": input_mode,
+            "ids": hashlib.sha256(ids).hexdigest(),
+            "n_prompt": n_prompt,
+            "request": request.key(),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class SignalCache:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.npz"
+
+    def get(self, key: str) -> Signals | None:
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            with np.load(path) as data:
+                return Signals.from_arrays({k: data[k] for k in data.files})
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            path.unlink(missing_ok=True)
+            return None
+
+    def put(self, key: str, signals: Signals) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **signals.to_arrays())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,8 @@
+"""Scoring language models: registry and pull (:mod:`.registry`), loading (:mod:`.loader`), forward pass
+(:mod:`.forward`)."""
+
+from halwatch.models.forward import Signals, SignalRequest
+from halwatch.models.loader import ScoringModel, load_model
+from halwatch.models.registry import DEFAULT_MODEL, MODELS, pull
+
+__all__ = ["DEFAULT_MODEL", "MODELS", "ScoringModel", "SignalRequest", "Signals", "load_model", "pull"]

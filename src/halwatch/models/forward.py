@@ -1,0 +1,263 @@
+"""One teacher-forced forward pass over ``prompt + response`` that returns only the signals asked for.
+
+Attention maps are never materialised for every layer: the model runs with PyTorch's fused SDPA attention, and a thin
+attention function registered with transformers (``halwatch``) recomputes, for the requested ``(layer, head)`` pairs
+only, the softmax rows of the response tokens from the query and key states that the layer already computed (after
+rotary embedding, with the layer's own mask and scaling). Per-head reducers (e.g. MTop-Div) run on those rows inside
+the pass, layer by layer, so even the rows need not be kept.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from halwatch.tokens import TokenView
+
+ATTN_IMPLEMENTATION = "halwatch"
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("halwatch_capture", default=None)
+
+#: Functions ``(rows[H, Q, n], n_prompt, row_start) -> {field: array with leading dimension H}`` that turn the
+#: attention rows of some heads into per-head signals. Signal modules register theirs with :func:`register_reducer`.
+REDUCERS: dict = {}
+
+
+def register_reducer(name: str):
+    def wrap(fn):
+        REDUCERS[name] = fn
+        return fn
+
+    return wrap
+
+
+@dataclass(frozen=True)
+class SignalRequest:
+    """What a detector needs from the forward pass. Requests of several detectors merge into one pass.
+
+    - ``token_stats``: log-probability and entropy of the next-token distribution at each response token.
+    - ``hidden_layers``: indices into the hidden-state stack (0 = embeddings, i = output of layer i), response rows.
+    - ``heads``: ``(layer, head)`` pairs whose attention rows are captured.
+    - ``attention_from``: ``"response"`` (rows of response tokens) or ``"all"`` (rows of every token).
+    - ``keep_attention``: return the captured rows themselves (large); otherwise only reducer outputs.
+    - ``reducers``: names in :data:`REDUCERS` applied to the captured rows of every requested head.
+    """
+
+    token_stats: bool = False
+    hidden_layers: tuple[int, ...] = ()
+    heads: tuple[tuple[int, int], ...] = ()
+    attention_from: str = "response"
+    keep_attention: bool = False
+    reducers: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
+        object.__setattr__(self, "heads", tuple(sorted({(int(l), int(h)) for l, h in self.heads})))
+        object.__setattr__(self, "reducers", tuple(sorted(set(self.reducers))))
+        if self.attention_from not in ("response", "all"):
+            raise ValueError(f"attention_from must be 'response' or 'all', not {self.attention_from!r}")
+        import halwatch.signals  # noqa: F401  (registers the reducers)
+
+        unknown = [r for r in self.reducers if r not in REDUCERS]
+        if unknown:
+            raise ValueError(f"unknown attention reducer(s) {unknown}: known are {sorted(REDUCERS)}")
+
+    def merge(self, *others: "SignalRequest") -> "SignalRequest":
+        reqs = (self, *others)
+        return SignalRequest(
+            token_stats=any(r.token_stats for r in reqs),
+            hidden_layers=tuple(x for r in reqs for x in r.hidden_layers),
+            heads=tuple(x for r in reqs for x in r.heads),
+            attention_from="all" if any(r.attention_from == "all" for r in reqs) else "response",
+            keep_attention=any(r.keep_attention for r in reqs),
+            reducers=tuple(x for r in reqs for x in r.reducers),
+        )
+
+    def covers(self, other: "SignalRequest") -> bool:
+        """True when the signals of this request contain everything ``other`` asks for."""
+        return self.merge(other) == self
+
+    def key(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Signals:
+    """The signals of one sample. Arrays are indexed by response token (``R = n_response``) and requested head."""
+
+    n_prompt: int
+    n_response: int
+    heads: tuple[tuple[int, int], ...] = ()
+    hidden_layers: tuple[int, ...] = ()
+    logprobs: np.ndarray | None = None  # [R] log p(token_t | prefix)
+    entropy: np.ndarray | None = None  # [R] entropy of the predictive distribution at token t
+    hidden: np.ndarray | None = None  # [len(hidden_layers), R, d]
+    attention: np.ndarray | None = None  # [H, Q, n] rows from row_start (n_prompt, or 0 with attention_from="all")
+    reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out = {
+            "n_prompt": np.array(self.n_prompt),
+            "n_response": np.array(self.n_response),
+            "heads": np.array(self.heads, dtype=np.int32).reshape(-1, 2),
+            "hidden_layers": np.array(self.hidden_layers, dtype=np.int32),
+        }
+        for name in ("logprobs", "entropy", "hidden", "attention"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays) -> "Signals":
+        return cls(
+            n_prompt=int(arrays["n_prompt"]),
+            n_response=int(arrays["n_response"]),
+            heads=tuple(tuple(int(x) for x in row) for row in arrays["heads"]),
+            hidden_layers=tuple(int(x) for x in arrays["hidden_layers"]),
+            logprobs=arrays["logprobs"] if "logprobs" in arrays else None,
+            entropy=arrays["entropy"] if "entropy" in arrays else None,
+            hidden=arrays["hidden"] if "hidden" in arrays else None,
+            attention=arrays["attention"] if "attention" in arrays else None,
+            reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
+        )
+
+    def head_values(self, name: str, heads) -> np.ndarray:
+        """Reducer output ``name`` for the given heads, in their order."""
+        index = {h: i for i, h in enumerate(self.heads)}
+        return self.reduced[name][[index[tuple(h)] for h in heads]]
+
+
+class _Capture:
+    """Collects attention rows of chosen heads while the model runs, one batch at a time."""
+
+    def __init__(self, request: SignalRequest, views: list[TokenView]):
+        self.request = request
+        self.by_layer: dict[int, list[int]] = {}
+        for layer, head in request.heads:
+            self.by_layer.setdefault(layer, []).append(head)
+        self.n_prompt = [v.n_prompt for v in views]
+        self.lengths = [len(v.input_ids) for v in views]
+        self.rows: list[dict[int, np.ndarray]] = [{} for _ in views]
+        self.reduced: list[dict[int, dict[str, np.ndarray]]] = [{} for _ in views]
+
+    def record(self, module, query, key, attention_mask, scaling):
+        import torch
+
+        layer = getattr(module, "layer_idx", None)
+        heads = self.by_layer.get(layer)
+        if not heads:
+            return
+        groups = query.shape[1] // key.shape[1]
+        h_idx = torch.tensor(heads, device=query.device)
+        q_sel = query.index_select(1, h_idx)
+        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        for b in range(query.shape[0]):
+            start = 0 if self.request.attention_from == "all" else self.n_prompt[b]
+            end = self.lengths[b]
+            scores = torch.matmul(q_sel[b, :, start:end].float(), k_sel[b, :, :end].float().transpose(-1, -2))
+            scores = scores * scaling
+            if attention_mask is None:
+                rows = torch.arange(start, end, device=scores.device)[:, None]
+                cols = torch.arange(end, device=scores.device)[None, :]
+                scores = scores.masked_fill(cols > rows, float("-inf"))
+            else:
+                mask = attention_mask[b, :, start:end, :end]
+                if mask.dtype == torch.bool:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                else:
+                    scores = scores + mask.float()
+            probs = torch.softmax(scores, dim=-1).cpu().numpy()
+            if self.request.keep_attention:
+                self.rows[b][layer] = probs
+            for name in self.request.reducers:
+                self.reduced[b].setdefault(layer, {}).update(
+                    {f"{name}.{k}": v for k, v in REDUCERS[name](probs, self.n_prompt[b], start).items()}
+                )
+
+    def assemble(self, b: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+        layers = sorted(self.by_layer)
+        attention = None
+        if self.request.keep_attention:
+            attention = np.concatenate([self.rows[b][layer] for layer in layers], axis=0)
+        reduced = {}
+        if self.request.reducers:
+            names = self.reduced[b][layers[0]].keys()
+            reduced = {n: np.concatenate([self.reduced[b][layer][n] for layer in layers], axis=0) for n in names}
+        return attention, reduced
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA attention, plus capture of the requested heads' rows when a capture is active."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    capture = _ACTIVE.get()
+    if capture is not None:
+        capture.record(module, query, key, attention_mask, scaling)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+def install(model) -> None:
+    """Switch ``model`` to the capturing attention (numerically the same as SDPA when nothing is captured)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def run(scoring_model, views: list[TokenView], request: SignalRequest) -> list[Signals]:
+    """Run one batch (right-padded) and return the requested signals of each sample."""
+    import torch
+
+    model = scoring_model.model
+    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        install(model)
+    lengths = [len(v.input_ids) for v in views]
+    longest = max(lengths)
+    pad = scoring_model.tokenizer.pad_token_id or 0
+    ids = torch.full((len(views), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(views), longest), dtype=torch.long)
+    for b, v in enumerate(views):
+        ids[b, : lengths[b]] = torch.tensor(v.input_ids)
+        mask[b, : lengths[b]] = 1
+    # logits only where they are used: the positions that predict response tokens
+    first_needed = min(v.n_prompt for v in views) - 1
+    keep = longest - first_needed if request.token_stats else 1
+    capture = _Capture(request, views) if request.heads else None
+    token = _ACTIVE.set(capture)
+    try:
+        with torch.inference_mode():
+            out = model(
+                input_ids=ids,
+                attention_mask=mask if len(views) > 1 else None,
+                output_hidden_states=bool(request.hidden_layers),
+                logits_to_keep=keep,
+                use_cache=False,
+            )
+    finally:
+        _ACTIVE.reset(token)
+    results = []
+    for b, v in enumerate(views):
+        sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
+                      hidden_layers=request.hidden_layers)
+        if request.token_stats:
+            offset = longest - keep  # absolute position of out.logits[:, 0]
+            logits = out.logits[b, v.n_prompt - 1 - offset : lengths[b] - 1 - offset].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            target = torch.tensor(v.input_ids[v.n_prompt :])
+            sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
+            sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
+        if request.hidden_layers:
+            sig.hidden = np.stack(
+                [out.hidden_states[i][b, v.n_prompt : lengths[b]].float().numpy() for i in request.hidden_layers]
+            )
+        if capture is not None:
+            sig.attention, sig.reduced = capture.assemble(b)
+        results.append(sig)
+    return results

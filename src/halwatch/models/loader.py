@@ -1,0 +1,116 @@
+"""Load a scoring model by name (cached named model), local folder (any Hugging Face causal LM) or hub id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from halwatch.errors import ModelError
+from halwatch.models import registry
+
+log = logging.getLogger("halwatch")
+
+
+@dataclass
+class ScoringModel:
+    """A causal LM and its tokenizer, with a stable identity (name + weights hash) for caches and artifacts."""
+
+    name: str
+    path: str
+    weights_hash: str
+    model: object
+    tokenizer: object
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    def all_heads(self) -> tuple[tuple[int, int], ...]:
+        return tuple((layer, head) for layer in range(self.n_layers) for head in range(self.n_heads))
+
+
+def _folder_hash(folder: Path) -> str:
+    """sha256 over the weight and config files of a local model folder, memoised by (path, size, mtime)."""
+    files = sorted(
+        p for p in folder.iterdir() if p.is_file() and p.suffix in {".safetensors", ".bin", ".json", ".gguf"}
+    )
+    stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    memo_path = registry.home() / "folder-hashes.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    key = str(folder.resolve())
+    if memo.get(key, {}).get("stamp") == stamp:
+        return memo[key]["sha256"]
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(p.name.encode())
+        digest.update(registry.sha256_file(p).encode())
+    value = digest.hexdigest()
+    memo[key] = {"stamp": stamp, "sha256": value}
+    memo_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo_path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(memo))
+    os.replace(tmp, memo_path)
+    return value
+
+
+def _from_folder(folder: Path, name: str, weights_hash: str) -> ScoringModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds; the user needs the reason in one line
+        raise ModelError(f"cannot load a causal LM from {folder}: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"{name}: halwatch needs a fast tokenizer (character offsets); {folder} has none")
+    model.eval()
+    return ScoringModel(name=name, path=str(folder), weights_hash=weights_hash, model=model, tokenizer=tokenizer)
+
+
+def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = True) -> ScoringModel:
+    """Load a scoring model.
+
+    ``name_or_path`` is a registered name (``smollm2-135m``, ...: pulled into the cache on first use when
+    ``pull_missing``), a local folder holding a Hugging Face causal LM, or a hub id where a hub is reachable.
+    """
+    if name_or_path in registry.MODELS:
+        if not registry.is_pulled(name_or_path):
+            if not pull_missing:
+                raise ModelError(f"{name_or_path} is not in the cache: run `halwatch models pull {name_or_path}`")
+            registry.pull(name_or_path, log=lambda msg: log.warning("%s", msg))
+        folder = registry.model_dir(name_or_path)
+        manifest = json.loads((folder / registry.MANIFEST).read_text())
+        return _from_folder(folder, name_or_path, manifest["weights_sha256"])
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"{folder} is a folder but holds no config.json: not a Hugging Face model folder")
+        return _from_folder(folder, str(folder.resolve()), _folder_hash(folder))
+    if folder.suffix or os.sep in name_or_path and not name_or_path.count("/") == 1:
+        raise ModelError(f"unknown model {name_or_path!r}: no such folder, and not a registered name "
+                         f"({', '.join(registry.MODELS)})")
+    try:  # a hub id such as "org/model", resolved by transformers (works only where a hub or its cache is reachable)
+        from huggingface_hub import snapshot_download
+
+        snapshot = Path(snapshot_download(name_or_path))
+    except Exception as exc:
+        raise ModelError(
+            f"unknown model {name_or_path!r}: not a registered name ({', '.join(registry.MODELS)}), "
+            f"not a local folder, and not loadable from the Hugging Face hub ({type(exc).__name__})"
+        ) from exc
+    return _from_folder(snapshot, name_or_path, _folder_hash(snapshot))

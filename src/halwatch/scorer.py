@@ -1,0 +1,96 @@
+"""The scorer: a scoring model, an input mode and a token cap, turning samples into cached signals."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from halwatch.cache import SignalCache, signal_key
+from halwatch.models import forward, registry
+from halwatch.models.forward import Signals, SignalRequest
+from halwatch.models.loader import ScoringModel, load_model
+from halwatch.sample import Sample
+from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, TokenView, encode
+
+log = logging.getLogger("halwatch")
+
+
+class Scorer:
+    """Runs the scoring model over ``prompt + response`` (teacher forcing) and returns the signals asked for.
+
+    ``cache``: ``True`` for ``$HALWATCH_HOME/signals``, a folder, or ``None``/``False`` for no cache.
+    The model is loaded on first use.
+    """
+
+    def __init__(self, model: str | ScoringModel = registry.DEFAULT_MODEL, input_mode: str = "raw",
+                 max_tokens: int = DEFAULT_MAX_TOKENS, cache: bool | str | Path | None = True, batch_size: int = 1):
+        if input_mode not in INPUT_MODES:
+            raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
+        if max_tokens < 8:
+            raise ValueError(f"max_tokens must be at least 8, got {max_tokens}")
+        self._model = model if isinstance(model, ScoringModel) else None
+        self.model_name = model.name if isinstance(model, ScoringModel) else model
+        self.input_mode = input_mode
+        self.max_tokens = max_tokens
+        self.batch_size = max(1, batch_size)
+        if cache is True:
+            cache = registry.home() / "signals"
+        self.cache = SignalCache(Path(cache)) if cache else None
+
+    @property
+    def model(self) -> ScoringModel:
+        if self._model is None:
+            self._model = load_model(self.model_name)
+            self.model_name = self._model.name
+        return self._model
+
+    def identity(self) -> dict:
+        """What every result and artifact records about how its signals were made."""
+        return {
+            "scoring_model": self.model.name,
+            "weights_sha256": self.model.weights_hash,
+            "input_mode": self.input_mode,
+            "max_tokens": self.max_tokens,
+        }
+
+    def encode(self, sample: Sample) -> TokenView:
+        return encode(sample, self.model.tokenizer, self.input_mode, self.max_tokens)
+
+    def _check(self, request: SignalRequest) -> None:
+        m = self.model
+        bad_layers = [i for i in request.hidden_layers if not 0 <= i <= m.n_layers]
+        bad_heads = [h for h in request.heads if not (0 <= h[0] < m.n_layers and 0 <= h[1] < m.n_heads)]
+        if bad_layers or bad_heads:
+            raise ValueError(
+                f"{m.name} has {m.n_layers} layers x {m.n_heads} heads; asked for hidden layers {bad_layers} "
+                f"and heads {bad_heads}"
+            )
+
+    def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
+                views: list[TokenView] | None = None) -> list[Signals]:
+        """Signals of every sample, from the cache where present, else from batched forward passes."""
+        self._check(request)
+        views = views if views is not None else [self.encode(s) for s in samples]
+        results: list[Signals | None] = [None] * len(views)
+        keys = [None] * len(views)
+        todo = []
+        for i, v in enumerate(views):
+            if self.cache is not None:
+                keys[i] = signal_key(self.model.name, self.model.weights_hash, self.input_mode, v.input_ids,
+                                     v.n_prompt, request)
+                results[i] = self.cache.get(keys[i])
+            if results[i] is None:
+                todo.append(i)
+        todo.sort(key=lambda i: len(views[i].input_ids))
+        with tqdm(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample",
+                  dynamic_ncols=True) as bar:
+            for start in range(0, len(todo), self.batch_size):
+                batch = todo[start : start + self.batch_size]
+                for i, sig in zip(batch, forward.run(self.model, [views[i] for i in batch], request)):
+                    results[i] = sig
+                    if self.cache is not None:
+                        self.cache.put(keys[i], sig)
+                bar.update(len(batch))
+        return results
