@@ -1,0 +1,17 @@
+"""Pure functions of one forward pass (no labels, no fitting), and the attention reducers they register.
+
+A reducer turns the captured attention rows of some heads, ``rows[H, Q, n]`` (queries from ``row_start``), into
+per-head arrays inside the forward pass, so the rows need not be kept.
+"""
+
+from __future__ import annotations
+
+from halwatch.models.forward import register_reducer
+from halwatch.signals.topology import mtopdiv
+
+
+@register_reducer("mtopdiv")
+def _mtopdiv_reducer(rows, n_prompt: int, row_start: int) -> dict:
+    """MTop-Div_G(R, P) per head (TOHA, Prop. 3.1 and eq. 3): ``d`` [H] and ``token_weights`` [H, R]."""
+    result = mtopdiv(rows[:, n_prompt - row_start :, :], n_prompt)
+    return {"d": result.d.astype("float32"), "token_weights": result.token_weights.astype("float32")}
