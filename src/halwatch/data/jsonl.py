@@ -1,0 +1,112 @@
+"""The generic JSONL format that ``halwatch score`` and ``halwatch fit`` read, one JSON object per line:
+
+``id`` (optional; defaults to the line number), ``prompt`` or ``context`` + ``question`` (rendered with
+:data:`halwatch.sample.QA_TEMPLATE`), ``response``, and optionally ``label`` (1 = hallucinated, 0 = grounded),
+``spans`` (``[{"start": int, "end": int, ...}]``, character offsets into ``response``), ``context_span``
+(``[start, end]`` of the context inside ``prompt``) and ``meta`` (any object). Other fields go into ``meta``.
+Files ending in ``.gz`` are read through gzip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from halwatch.errors import InputError
+from halwatch.sample import Sample
+
+FIELDS = {"id", "prompt", "context", "question", "response", "label", "spans", "context_span", "meta"}
+
+
+def sample_from_record(record, where: str) -> Sample:
+    if not isinstance(record, dict):
+        raise InputError(f"expected a JSON object, got {type(record).__name__}", where)
+    rid = record.get("id")
+    if rid is not None:
+        where = f"{where} (id={rid})"
+    if "response" not in record:
+        raise InputError("missing field 'response'", where)
+    has_qa = "context" in record and "question" in record
+    if "prompt" not in record and not has_qa:
+        raise InputError("missing field 'prompt' (or 'context' and 'question')", where)
+    for name in ("prompt", "context", "question", "response"):
+        if name in record and not isinstance(record[name], str):
+            raise InputError(f"field '{name}' must be a string", where)
+    spans = record.get("spans") or []
+    if not isinstance(spans, list) or not all(isinstance(s, dict) for s in spans):
+        raise InputError("field 'spans' must be a list of objects with 'start' and 'end'", where)
+    context_span = record.get("context_span")
+    if context_span is not None and not (
+        isinstance(context_span, list) and len(context_span) == 2 and all(isinstance(x, int) for x in context_span)
+    ):
+        raise InputError("field 'context_span' must be [start, end]", where)
+    meta = dict(record.get("meta") or {})
+    meta.update({k: v for k, v in record.items() if k not in FIELDS})
+    try:
+        return Sample(
+            response=record["response"],
+            prompt=record.get("prompt", "") if not has_qa else "",
+            context=record.get("context"),
+            question=record.get("question"),
+            id=rid,
+            label=record.get("label"),
+            spans=spans,
+            context_span=tuple(context_span) if context_span else None,
+            meta=meta,
+        )
+    except InputError as exc:
+        raise InputError(exc.problem, where) from None
+
+
+def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None) -> list[Sample]:
+    """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
+    ``skip_invalid`` is reported through ``on_skip(error)`` and skipped."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+    samples = []
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                                 where) from None
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", where) from None
+            if isinstance(record, dict) and record.get("id") is None:
+                record["id"] = str(lineno)
+            samples.append(sample_from_record(record, where))
+        except InputError as exc:
+            if not skip_invalid:
+                raise
+            if on_skip is not None:
+                on_skip(exc)
+    return samples
+
+
+def write_jsonl(path: str | Path, records) -> None:
+    """Write records atomically: the file appears whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
