@@ -1,0 +1,54 @@
+"""Detectors on one contract (:class:`halwatch.detectors.base.Detector`), by name, and artifact loading."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
+from halwatch.detectors.baselines import MaxEntropy, MeanEntropy, Perplexity
+from halwatch.errors import HalwatchError
+
+DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (Perplexity, MaxEntropy, MeanEntropy)}
+
+#: Name of the shipped artifact that `halwatch score` uses when no detector is named.
+DEFAULT_DETECTOR = "default"
+
+
+def shipped_artifacts() -> dict[str, Path]:
+    """Fitted artifacts that ship inside the package, by name (file stem)."""
+    folder = resources.files("halwatch") / "artifacts"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".json")}
+
+
+def create_detector(name: str, scorer=None, **kwargs) -> Detector:
+    """A new, unfitted detector of the named method."""
+    if name not in DETECTORS:
+        raise HalwatchError(f"unknown detector {name!r}: known methods are {', '.join(sorted(DETECTORS))}")
+    return DETECTORS[name](scorer=scorer, **kwargs)
+
+
+def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector:
+    """A fitted detector from an artifact file, or from a shipped artifact by name."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        shipped = shipped_artifacts()
+        if name_or_path not in shipped:
+            hint = (f"; {name_or_path!r} is a method: fit it first with `halwatch fit --detector {name_or_path}`"
+                    if name_or_path in DETECTORS else "")
+            raise HalwatchError(f"no artifact file {name_or_path!r} and no shipped artifact of that name "
+                                f"(shipped: {', '.join(sorted(shipped)) or 'none'}){hint}")
+        path = shipped[name_or_path]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise HalwatchError(f"{path}: not a readable detector artifact ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != ARTIFACT_FORMAT:
+        raise HalwatchError(f"{path}: not a halwatch detector artifact (format {ARTIFACT_FORMAT} expected)")
+    if data.get("detector") not in DETECTORS:
+        raise HalwatchError(f"{path}: artifact of unknown detector {data.get('detector')!r}")
+    return DETECTORS[data["detector"]].from_dict(data, scorer=scorer)
+
+
+__all__ = ["DETECTORS", "DEFAULT_DETECTOR", "Detector", "create_detector", "load_detector", "shipped_artifacts"]
