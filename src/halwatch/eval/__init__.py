@@ -1,0 +1,1 @@
+"""Evaluation: speed benchmark (:mod:`.speed`)."""

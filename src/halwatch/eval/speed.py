@@ -1,0 +1,107 @@
+"""``halwatch bench speed``: load time, forward time with and without attention capture, and peak memory.
+
+Inputs are real RAGTruth QA texts: the passages of several sources form the context, so that the token cap cuts the
+prompt to (about) the asked length; the response is a real RAGTruth answer.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _load_seconds(model: str) -> tuple[float, float]:
+    """(import of torch + transformers, load of the model from the cache), measured in a fresh process."""
+    code = (
+        "import time; t0 = time.perf_counter(); import torch, transformers; t1 = time.perf_counter();"
+        "from halwatch.models import load_model; load_model(%r, pull_missing=False); t2 = time.perf_counter();"
+        "print(t1 - t0, t2 - t1)" % model
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def speed_samples(lengths):
+    """One sample per length, cut to that many tokens by the scorer's cap."""
+    from halwatch.data.ragtruth import read_ragtruth
+    from halwatch.sample import Sample
+
+    rt = read_ragtruth(split="test", generator="llama-2-7b-chat")
+    passages = "\n\n".join(s.prompt[s.context_span[0] : s.context_span[1]] for s in rt[:12])
+    base = rt[0]
+    prompt = base.prompt[: base.context_span[0]] + passages + base.prompt[base.context_span[1] :]
+    start = base.context_span[0]
+    return {n: Sample(id=f"speed-{n}", prompt=prompt, response=base.response,
+                      context_span=(start, start + len(passages))) for n in lengths}
+
+
+def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print) -> dict:
+    import logging
+
+    import torch
+
+    from halwatch.models import forward
+    from halwatch.models.forward import SignalRequest
+    from halwatch.models.loader import load_model
+    from halwatch.scorer import Scorer
+
+    logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
+    t_import, t_load = _load_seconds(model)
+    out(f"model {model}: import torch+transformers {t_import:.2f} s, load from cache {t_load:.2f} s "
+        f"({torch.get_num_threads()} threads)")
+    samples = speed_samples(lengths)
+    results = {"model": model, "import_s": t_import, "load_s": t_load, "threads": torch.get_num_threads(),
+               "lengths": {}}
+    shared = load_model(model)
+    scorers = {n: Scorer(model=shared, max_tokens=n, cache=None) for n in lengths}
+    for n in lengths:  # our paths first, for all lengths, so that their peak memory is not the eager runs'
+        scorer = scorers[n]
+        sm = scorer.model
+        view = scorer.encode(samples[n])
+        row = {"tokens": len(view.input_ids), "response_tokens": view.n_response}
+        for key, request in (("plain_s", SignalRequest()), ("stats_s", SignalRequest(token_stats=True)),
+                             ("capture_all_s", SignalRequest(token_stats=True, heads=sm.all_heads()))):
+            row[key] = _timed(lambda: forward.run(sm, [view], request), repeats)
+        row["view"] = view
+        results["lengths"][n] = row
+    peak_ours = _peak_rss_mb()
+    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {'eager attn maps':>16}")
+    for n in lengths:
+        row = results["lengths"][n]
+        sm = scorers[n].model
+        ids = torch.tensor([row.pop("view").input_ids])
+
+        def eager():
+            with torch.inference_mode():
+                sm.model(input_ids=ids, output_attentions=True, use_cache=False)
+
+        sm.model.set_attn_implementation("eager")
+        try:
+            row["eager_s"] = _timed(eager, repeats)
+        finally:
+            forward.install(sm.model)
+        out(f"{row['tokens']:>6} {row['response_tokens']:>5} {row['plain_s']:>7.2f}s {row['stats_s']:>7.2f}s "
+            f"{row['capture_all_s']:>18.2f}s {row['eager_s']:>15.2f}s")
+    results["peak_rss_mb_ours"] = peak_ours
+    out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
+        f"after the eager runs: {_peak_rss_mb():.0f} MB")
+    out("plain: SDPA forward, one logit; +stats: response log-probs and entropies; +capture all heads: also the "
+        "response-token attention rows of every head; eager: transformers' output_attentions=True (all maps)")
+    return results
