@@ -15,7 +15,6 @@ log = logging.getLogger("halwatch")
 def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool = False) -> None:
     from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES
 
-    default = None if defaults_from_artifact else "the default"
     p.add_argument("--model", default=None,
                    help="scoring model: a registered name (smollm2-135m, gemma3-270m), a local Hugging Face model "
                         "folder, or a hub id" + ("; default: the artifact's model" if defaults_from_artifact
@@ -28,7 +27,6 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
                         f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
     p.add_argument("--batch-size", type=int, default=1, help="samples per forward pass (default 1)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the signal cache")
-    del default
 
 
 def _read_input(path: str, skip_invalid: bool):
@@ -93,23 +91,8 @@ def _scorer_from(args, identity: dict | None = None):
     )
 
 
-def _artifact_identity(name_or_path: str) -> dict:
-    """The scoring model, input mode and token cap recorded in an artifact (to build its scorer)."""
-    from pathlib import Path
-
-    from halwatch.detectors import shipped_artifacts
-
-    path = Path(name_or_path)
-    if not path.is_file():
-        path = shipped_artifacts().get(name_or_path, path)
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # load_detector reports the problem
-
-
 def cmd_score(args) -> int:
-    from halwatch.detectors import load_detector
+    from halwatch.detectors import DETECTORS, read_artifact
     from halwatch.sample import Sample
 
     single = args.response is not None
@@ -117,12 +100,9 @@ def cmd_score(args) -> int:
         raise InputError("give either --input FILE or --response with --prompt or --context and --question")
     if args.input and not args.output:
         raise InputError("--input needs --output FILE")
-    identity = _artifact_identity(args.detector)
-    if args.input_mode and identity.get("input_mode") not in (None, args.input_mode):
-        raise HalwatchError(f"detector {args.detector!r} was fitted in input mode {identity['input_mode']!r}; "
-                            f"fit it again for {args.input_mode!r} (`halwatch fit`)")
-    scorer = _scorer_from(args, identity)
-    detector = load_detector(args.detector, scorer=scorer)
+    artifact = read_artifact(args.detector)
+    scorer = _scorer_from(args, artifact)
+    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     if single:
         samples = [Sample(response=args.response, prompt=args.prompt or "", context=args.context,
                           question=args.question, id=args.id)]

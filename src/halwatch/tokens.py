@@ -86,7 +86,7 @@ def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
         return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     if input_mode == "chat":
         if not getattr(tokenizer, "chat_template", None):
-            raise InputError(f"the scoring model's tokenizer has no chat template: use input mode 'raw'")
+            raise InputError("the scoring model's tokenizer has no chat template: use input mode 'raw'")
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )

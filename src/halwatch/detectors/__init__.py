@@ -29,8 +29,8 @@ def create_detector(name: str, scorer=None, **kwargs) -> Detector:
     return DETECTORS[name](scorer=scorer, **kwargs)
 
 
-def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector:
-    """A fitted detector from an artifact file, or from a shipped artifact by name."""
+def read_artifact(name_or_path: str) -> dict:
+    """The JSON of an artifact file, or of a shipped artifact by name, checked to be a halwatch artifact."""
     path = Path(name_or_path)
     if not path.is_file():
         shipped = shipped_artifacts()
@@ -48,7 +48,14 @@ def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector
         raise HalwatchError(f"{path}: not a halwatch detector artifact (format {ARTIFACT_FORMAT} expected)")
     if data.get("detector") not in DETECTORS:
         raise HalwatchError(f"{path}: artifact of unknown detector {data.get('detector')!r}")
+    return data
+
+
+def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector:
+    """A fitted detector from an artifact file, or from a shipped artifact by name."""
+    data = read_artifact(name_or_path)
     return DETECTORS[data["detector"]].from_dict(data, scorer=scorer)
 
 
-__all__ = ["DETECTORS", "DEFAULT_DETECTOR", "Detector", "create_detector", "load_detector", "shipped_artifacts"]
+__all__ = ["DETECTORS", "DEFAULT_DETECTOR", "Detector", "create_detector", "load_detector", "read_artifact",
+           "shipped_artifacts"]

@@ -57,7 +57,7 @@ class SignalRequest:
         object.__setattr__(self, "reducers", tuple(sorted(set(self.reducers))))
         if self.attention_from not in ("response", "all"):
             raise ValueError(f"attention_from must be 'response' or 'all', not {self.attention_from!r}")
-        import halwatch.signals  # noqa: F401  (registers the reducers)
+        import halwatch.signals  # noqa: F401  pyflakes: ignore (imported to register the reducers)
 
         unknown = [r for r in self.reducers if r not in REDUCERS]
         if unknown:

@@ -7,6 +7,7 @@ per-head arrays inside the forward pass, so the rows need not be kept.
 from __future__ import annotations
 
 from halwatch.models.forward import register_reducer
+from halwatch.signals.lookback import lookback_ratios
 from halwatch.signals.topology import mtopdiv
 
 
@@ -15,3 +16,9 @@ def _mtopdiv_reducer(rows, n_prompt: int, row_start: int) -> dict:
     """MTop-Div_G(R, P) per head (TOHA, Prop. 3.1 and eq. 3): ``d`` [H] and ``token_weights`` [H, R]."""
     result = mtopdiv(rows[:, n_prompt - row_start :, :], n_prompt)
     return {"d": result.d.astype("float32"), "token_weights": result.token_weights.astype("float32")}
+
+
+@register_reducer("lookback")
+def _lookback_reducer(rows, n_prompt: int, row_start: int) -> dict:
+    """Lookback ratio per head and response step (Lookback Lens, section 2.1): ``ratio`` [H, R]."""
+    return {"ratio": lookback_ratios(rows[:, n_prompt - row_start :, :], n_prompt).astype("float32")}

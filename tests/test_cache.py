@@ -1,0 +1,90 @@
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from halwatch.models import forward
+from halwatch.models.forward import SignalRequest
+from halwatch.scorer import Scorer
+
+REQ = SignalRequest(token_stats=True, heads=((21, 6),), reducers=("mtopdiv",))
+
+
+def _entries(root):
+    return sorted(p for p in root.rglob("*.npz"))
+
+
+def test_cache_hit_recomputes_nothing(smol, probe, tmp_path, monkeypatch):
+    scorer = Scorer(model=smol, max_tokens=300, cache=tmp_path)
+    first = scorer.signals(probe[:3], REQ)
+    assert len(_entries(tmp_path)) == 3
+    calls = []
+    real_run = forward.run
+    monkeypatch.setattr(forward, "run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    again = scorer.signals(probe[:3], REQ)
+    assert calls == []
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        np.testing.assert_array_equal(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"])
+    # a different setting is a different key
+    Scorer(model=smol, max_tokens=300, input_mode="chat", cache=tmp_path).signals(probe[:1], REQ)
+    assert len(_entries(tmp_path)) == 4
+
+
+def test_corrupt_entry_is_recomputed(smol, probe, tmp_path):
+    scorer = Scorer(model=smol, max_tokens=300, cache=tmp_path)
+    good = scorer.signals(probe[:1], REQ)[0]
+    entry = _entries(tmp_path)[0]
+    entry.write_bytes(entry.read_bytes()[:100])  # truncated, as by a crash outside our atomic write
+    again = scorer.signals(probe[:1], REQ)[0]
+    np.testing.assert_array_equal(good.entropy, again.entropy)
+    assert entry.stat().st_size > 100
+
+
+def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
+    """Kill a scoring process mid-run; the next run computes only what is missing, and no entry is corrupt."""
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(f"""
+        from halwatch.data.ragtruth import read_ragtruth
+        from halwatch.models.forward import SignalRequest
+        from halwatch.scorer import Scorer
+        samples = [s for s in read_ragtruth(split="train", generator="llama-2-7b-chat") if len(s.response) < 600][:12]
+        req = SignalRequest(token_stats=True, heads=((21, 6),), reducers=("mtopdiv",))
+        Scorer(max_tokens=512, cache={str(cache)!r}).signals(samples, req)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ})
+    deadline = time.time() + 120
+    while len(_entries(cache)) < 4 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    done = _entries(cache)
+    assert 4 <= len(done) < 12, "the process should have been killed mid-run"
+    for entry in done:  # every entry that exists is whole (written to a temporary file, then renamed)
+        with np.load(entry) as data:
+            assert data["logprobs"].shape == (int(data["n_response"]),)
+
+    from halwatch.data.ragtruth import read_ragtruth
+
+    samples = [s for s in read_ragtruth(split="train", generator="llama-2-7b-chat") if len(s.response) < 600][:12]
+    scorer = Scorer(model=smol, max_tokens=512, cache=cache)
+    computed = []
+    real_run = forward.run
+
+    def counting(model, views, request):
+        computed.extend(views)
+        return real_run(model, views, request)
+
+    forward.run = counting
+    try:
+        resumed = scorer.signals(samples, REQ)
+    finally:
+        forward.run = real_run
+    assert len(computed) == 12 - len(done)
+    fresh = Scorer(model=smol, max_tokens=512, cache=None).signals(samples, REQ)
+    for a, b in zip(resumed, fresh):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-6)

@@ -1,0 +1,81 @@
+"""The `halwatch` command end to end, as a user runs it (real model, shipped default artifact)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from halwatch.data.jsonl import write_jsonl
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "halwatch", *args], capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+CONTEXT = "Insulin is a peptide hormone produced by beta cells of the pancreatic islets."
+
+
+def test_score_one_answer():
+    out = run("score", "--no-cache", "--context", CONTEXT, "--question", "Which cells produce insulin?",
+              "--response", "Insulin is produced by red blood cells in the bone marrow.")
+    result = json.loads(out.stdout)
+    assert set(result) == {"id", "score", "hallucinated", "spans", "detector", "scoring_model", "input_mode"}
+    assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
+    for span in result["spans"]:
+        assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]
+
+
+def test_score_file_fit_and_bad_input(tmp_path, probe):
+    data = tmp_path / "in.jsonl"
+    write_jsonl(data, [s.to_dict() for s in probe[:4]])
+    out = tmp_path / "out.jsonl"
+    run("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [s.id for s in probe[:4]]
+
+    # fit an artifact with the command, then score with it
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, [s.to_dict() for s in probe[:6] + probe[-6:]])
+    art = tmp_path / "ppl.json"
+    run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512")
+    assert json.loads(art.read_text())["fitted_on"]["n"] == 12
+    out2 = tmp_path / "out2.jsonl"
+    run("score", "--input", str(data), "--output", str(out2), "--detector", str(art))
+    assert all(json.loads(line)["detector"] == "perplexity" for line in out2.read_text().splitlines())
+
+    # a bad record: one-line error naming it, exit 2, nothing written
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(data.read_text() + '{"id": "broken", "prompt": "p"}\n')
+    out3 = tmp_path / "out3.jsonl"
+    proc = run("score", "--input", str(bad), "--output", str(out3), "--no-cache", "--max-tokens", "512",
+               check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"halwatch: error: {bad}:5 (id=broken): missing field 'response'"
+    assert not out3.exists()
+    proc = run("score", "--input", str(bad), "--output", str(out3), "--no-cache", "--max-tokens", "512",
+               "--skip-invalid")
+    assert "skipped" in proc.stderr and "id=broken" in proc.stderr
+    assert len(out3.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("args,message", [
+    (["score", "--response", "r", "--prompt", "p", "--model", "/no/such/model"], "unknown model '/no/such/model'"),
+    (["score", "--response", "r", "--prompt", "p", "--detector", "nope"], "no artifact file 'nope'"),
+    (["score", "--response", "r", "--prompt", "p", "--input-mode", "chat"], "fitted with input_mode=raw"),
+    (["score", "--response", "", "--prompt", "p"], "empty response"),
+    (["score", "--input", "x.jsonl"], "--input needs --output"),
+])
+def test_clear_errors(args, message):
+    proc = run(*args, check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_models_list_shows_the_cached_default():
+    out = run("models", "list", "--json")
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["smollm2-135m"]["cached"] and rows["smollm2-135m"]["size_mb"] > 100

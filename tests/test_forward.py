@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+import torch
+
+from halwatch import Sample
+from halwatch.models import forward
+from halwatch.models.forward import SignalRequest
+from halwatch.scorer import Scorer
+from halwatch.signals.topology import mtopdiv
+
+
+def _eager(smol, view):
+    """Reference: transformers' own eager attention with every map materialised."""
+    smol.model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            return smol.model(torch.tensor([view.input_ids]), output_attentions=True, output_hidden_states=True)
+    finally:
+        forward.install(smol.model)
+
+
+@pytest.mark.parametrize("mode", ["raw", "chat"])
+def test_signals_match_eager_reference(smol, probe, mode):
+    scorer = Scorer(model=smol, input_mode=mode, max_tokens=400, cache=None)
+    sample = probe[0]
+    view = scorer.encode(sample)
+    heads = ((0, 0), (5, 3), (21, 6), (29, 8))
+    req = SignalRequest(token_stats=True, hidden_layers=(0, 15, 30), heads=heads, keep_attention=True)
+    sig = scorer.signals([sample], req)[0]
+    ref = _eager(smol, view)
+    p = view.n_prompt
+    for i, (layer, head) in enumerate(heads):
+        np.testing.assert_allclose(sig.attention[i], ref.attentions[layer][0, head, p:].numpy(), atol=2e-5)
+    logp = torch.log_softmax(ref.logits[0, p - 1 : -1].float(), -1)
+    target = torch.tensor(view.input_ids[p:])
+    np.testing.assert_allclose(sig.logprobs, logp.gather(1, target[:, None])[:, 0].numpy(), atol=1e-4)
+    np.testing.assert_allclose(sig.entropy, (-(logp.exp() * logp).sum(-1)).numpy(), atol=1e-4)
+    for j, layer in enumerate((0, 15, 30)):
+        np.testing.assert_allclose(sig.hidden[j], ref.hidden_states[layer][0, p:].numpy(), atol=1e-3)
+    assert sig.logprobs.shape == sig.entropy.shape == (view.n_response,)
+
+
+def test_attention_rows_of_all_tokens(smol, probe):
+    scorer = Scorer(model=smol, max_tokens=350, cache=None)
+    view = scorer.encode(probe[1])
+    sig = scorer.signals([probe[1]], SignalRequest(heads=((3, 1),), attention_from="all", keep_attention=True))[0]
+    ref = _eager(smol, view)
+    np.testing.assert_allclose(sig.attention[0], ref.attentions[3][0, 1].numpy(), atol=2e-5)
+
+
+def test_mtopdiv_reducer_equals_topology_on_kept_rows(smol, probe):
+    scorer = Scorer(model=smol, max_tokens=300, cache=None)
+    heads = tuple((l, h) for l in (17, 21) for h in range(9))
+    sig = scorer.signals(probe[:2], SignalRequest(heads=heads, reducers=("mtopdiv",), keep_attention=True))
+    for s in sig:
+        ref = mtopdiv(s.attention, s.n_prompt)
+        np.testing.assert_allclose(s.reduced["mtopdiv.d"], ref.d, atol=1e-6)
+        np.testing.assert_allclose(s.head_values("mtopdiv.d", [(21, 6)]), ref.d[[heads.index((21, 6))]], atol=1e-6)
+
+
+def test_batched_equals_one_at_a_time(smol, probe):
+    samples = probe[:3] + probe[-3:]
+    heads = ((2, 4), (19, 0), (21, 6))
+    req = SignalRequest(token_stats=True, hidden_layers=(30,), heads=heads, reducers=("mtopdiv",))
+    single = Scorer(model=smol, max_tokens=400, cache=None, batch_size=1).signals(samples, req)
+    batched = Scorer(model=smol, max_tokens=400, cache=None, batch_size=4).signals(samples, req)
+    for a, b in zip(single, batched):
+        assert (a.n_prompt, a.n_response) == (b.n_prompt, b.n_response)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.entropy, b.entropy, atol=1e-4)
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-3)
+        np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
+
+
+def test_bad_requests_are_refused(smol):
+    scorer = Scorer(model=smol, cache=None)
+    with pytest.raises(ValueError, match="30 layers x 9 heads"):
+        scorer.signals([Sample(prompt="p", response="r")], SignalRequest(heads=((30, 0),)))
+    with pytest.raises(ValueError, match="unknown attention reducer"):
+        SignalRequest(heads=((0, 0),), reducers=("nope",))
+
+
+def test_requests_merge():
+    a = SignalRequest(token_stats=True)
+    b = SignalRequest(heads=((1, 2),), reducers=("mtopdiv",))
+    merged = a.merge(b)
+    assert merged.token_stats and merged.heads == ((1, 2),) and merged.covers(a) and merged.covers(b)
+    assert not a.covers(b)

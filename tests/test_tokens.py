@@ -1,0 +1,101 @@
+import logging
+
+import pytest
+
+from halwatch import InputError, Sample
+from halwatch.sample import QA_TEMPLATE
+from halwatch.tokens import encode
+
+TRICKY = [
+    "Plain answer.",
+    " leading space and  double  spaces",
+    "Ünïcödé wörds, naïve café, Straße",
+    "emoji 😀 inside 👩‍🔬 and after",
+    "中文字符和日本語のテキスト",
+    "line one\nline two\n\n  indented\ttab",
+    "math: x² + y² = z², 10 µm, −5 °C",
+]
+
+
+@pytest.mark.parametrize("mode", ["raw", "chat"])
+@pytest.mark.parametrize("response", TRICKY)
+def test_response_tokens_map_to_characters(smol, mode, response):
+    sample = Sample(prompt="Say something.", response=response)
+    view = encode(sample, smol.tokenizer, mode)
+    tok = smol.tokenizer
+    resp_ids = view.input_ids[view.n_prompt :]
+    assert tok.decode(resp_ids) == response  # the response tokens are exactly the response
+    covered = set()
+    for (start, end), tid in zip(view.offsets, resp_ids):
+        assert 0 <= start <= end <= len(response)
+        covered.update(range(start, end))
+        piece = tok.decode([tid])
+        if "\ufffd" not in piece:  # a whole-character token: its span is its text
+            assert response[start:end] == piece
+    assert covered == set(range(len(response)))  # every character belongs to some token
+    starts = [s for s, _ in view.offsets]
+    assert starts == sorted(starts)
+
+
+def test_chat_mode_uses_the_template_and_raw_does_not(smol):
+    sample = Sample(prompt="What is 2+2?", response="4")
+    raw = encode(sample, smol.tokenizer, "raw")
+    chat = encode(sample, smol.tokenizer, "chat")
+    assert smol.tokenizer.decode(raw.input_ids[: raw.n_prompt]) == "What is 2+2?"
+    prefix = smol.tokenizer.decode(chat.input_ids[: chat.n_prompt])
+    assert prefix.startswith("<|im_start|>system") and prefix.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in prefix
+    assert raw.input_ids[raw.n_prompt :] == chat.input_ids[chat.n_prompt :]
+
+
+def test_spans_merge_consecutive_tokens_and_trim_space(smol):
+    sample = Sample(prompt="p", response="The tower was built by Napoleon Bonaparte in 1921.")
+    view = encode(sample, smol.tokenizer)
+    start = sample.response.index("Napoleon")
+    scores = [1.0 if s >= start - 1 and e <= sample.response.index(" in") else 0.0 for s, e in view.offsets]
+    spans = view.spans(scores, 0.5)
+    assert [s["text"] for s in spans] == ["Napoleon Bonaparte"]
+    assert sample.response[spans[0]["start"] : spans[0]["end"]] == "Napoleon Bonaparte"
+    assert spans[0]["confidence"] == 1.0
+
+
+def test_gold_spans_become_token_labels(smol):
+    sample = Sample(prompt="p", response="Paris is in Germany.", spans=[{"start": 12, "end": 19}])
+    view = encode(sample, smol.tokenizer)
+    flagged = "".join(sample.response[s:e] for (s, e), y in zip(view.offsets, view.token_labels()) if y)
+    assert flagged.strip() == "Germany"
+
+
+def test_long_prompt_is_cut_inside_the_context_from_the_left(smol, caplog):
+    context = " ".join(f"Sentence number {i} of the context." for i in range(300))
+    sample = Sample(context=context, question="Which sentence comes last?", response="Sentence 299.", id="long")
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        view = encode(sample, smol.tokenizer, "raw", max_tokens=200)
+    assert len(view.input_ids) <= 200 and view.cut_chars > 0
+    prompt_text = smol.tokenizer.decode(view.input_ids[: view.n_prompt])
+    assert prompt_text.startswith(QA_TEMPLATE.split("{context}")[0])  # instructions kept
+    assert prompt_text.endswith("Question: Which sentence comes last?\nAnswer:")  # question kept
+    assert "Sentence number 299 of the context." in prompt_text and "Sentence number 0 " not in prompt_text
+    assert "id=long: prompt cut" in caplog.text
+    assert smol.tokenizer.decode(view.input_ids[view.n_prompt :]) == "Sentence 299."  # response untouched
+
+
+def test_chat_mode_cut_keeps_the_template(smol):
+    context = "word " * 2000
+    sample = Sample(context=context, question="Q?", response="A.")
+    view = encode(sample, smol.tokenizer, "chat", max_tokens=300)
+    assert len(view.input_ids) <= 300
+    assert smol.tokenizer.decode(view.input_ids[: view.n_prompt]).endswith("<|im_start|>assistant\n")
+
+
+def test_response_longer_than_the_cap_is_an_error(smol):
+    sample = Sample(prompt="p", response="word " * 400, id="r1")
+    with pytest.raises(InputError, match=r"id=r1: the response alone has \d+ tokens"):
+        encode(sample, smol.tokenizer, max_tokens=256)
+
+
+def test_prompt_without_context_span_is_cut_from_the_left(smol):
+    sample = Sample(prompt="start " + "filler " * 500 + "the question?", response="ok")
+    view = encode(sample, smol.tokenizer, max_tokens=100)
+    assert len(view.input_ids) <= 100
+    assert smol.tokenizer.decode(view.input_ids[: view.n_prompt]).endswith("the question?")
