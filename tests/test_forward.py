@@ -86,3 +86,15 @@ def test_requests_merge():
     merged = a.merge(b)
     assert merged.token_stats and merged.heads == ((1, 2),) and merged.covers(a) and merged.covers(b)
     assert not a.covers(b)
+
+
+def test_pooled_hidden_states_and_diag_reducer(smol, probe):
+    scorer = Scorer(model=smol, max_tokens=400, cache=None)
+    heads = ((4, 2), (20, 5))
+    full = scorer.signals(probe[:1], SignalRequest(hidden_layers=(15,), heads=heads, keep_attention=True,
+                                                   reducers=("diag",)))[0]
+    pooled = scorer.signals(probe[:1], SignalRequest(hidden_layers=(15,), hidden_pool="mean_last"))[0]
+    np.testing.assert_allclose(pooled.hidden[0, 0], full.hidden[0].mean(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(pooled.hidden[0, 1], full.hidden[0, -1], rtol=1e-5, atol=1e-4)
+    r = np.arange(full.n_response)
+    np.testing.assert_allclose(full.reduced["diag.w"], full.attention[:, r, full.n_prompt + r])

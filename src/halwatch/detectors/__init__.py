@@ -7,10 +7,16 @@ from importlib import resources
 from pathlib import Path
 
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
-from halwatch.detectors.baselines import MaxEntropy, MeanEntropy, Perplexity
+from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
+from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
+from halwatch.detectors.toha import TOHA, TOHACopyHeads
 from halwatch.errors import HalwatchError
 
-DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (Perplexity, MaxEntropy, MeanEntropy)}
+DETECTORS: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (TOHA, TOHACopyHeads, LookbackLens, AttentionRatio, LLMCheckAttention, LinearProbe, Perplexity,
+                MaxEntropy, MeanEntropy, ResponseLength)
+}
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.
 DEFAULT_DETECTOR = "default"

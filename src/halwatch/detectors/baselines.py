@@ -57,3 +57,59 @@ class MeanEntropy(MaxEntropy):
 
     def raw_scores(self, signals):
         return np.array([float(np.mean(s.entropy)) for s in signals])
+
+
+class ResponseLength(Detector):
+    """Response length in tokens: not a detector but the confound every detector must beat (longer RAGTruth
+    answers are more often hallucinated; attention signals correlate with length, DESIGN.md)."""
+
+    name = "length"
+    citation = "confound baseline"
+
+    def request(self):
+        return SignalRequest()
+
+    def raw_scores(self, signals):
+        return np.array([float(s.n_response) for s in signals])
+
+
+class LinearProbe(Detector):
+    """Linear probe on hidden states (TOHA Table 11; Azaria & Mitchell 2023): a logistic regression on the
+    standardised mean over response tokens of the middle layer's hidden state, trained on the probe data."""
+
+    name = "linear-probe"
+    citation = "Azaria & Mitchell, Findings of EMNLP 2023; TOHA Table 11"
+
+    def __init__(self, scorer=None, calibration: str = "platt", C: float = 1.0, **settings):
+        super().__init__(scorer=scorer, calibration=calibration, C=C, **settings)
+        self.model: dict = {}
+
+    def _layer(self) -> int:
+        return self._scorer().model.n_layers // 2
+
+    def request(self):
+        return SignalRequest(hidden_layers=(self._layer(),), hidden_pool="mean_last")
+
+    def _features(self, signals):
+        layer = self._layer()
+        return np.stack([s.hidden[s.hidden_layers.index(layer), 0] for s in signals]).astype(float)
+
+    def fit_method(self, signals, labels):
+        from sklearn.linear_model import LogisticRegression
+
+        x = self._features(signals)
+        mean, std = x.mean(axis=0), x.std(axis=0) + 1e-8
+        lr = LogisticRegression(C=self.settings["C"], max_iter=1000).fit((x - mean) / std, labels)
+        self.model = {"mean": mean.tolist(), "std": std.tolist(), "coef": lr.coef_[0].tolist(),
+                      "intercept": float(lr.intercept_[0])}
+
+    def raw_scores(self, signals):
+        m = self.model
+        x = (self._features(signals) - np.array(m["mean"])) / np.array(m["std"])
+        return x @ np.array(m["coef"]) + m["intercept"]
+
+    def state(self):
+        return {"model": self.model}
+
+    def set_state(self, state):
+        self.model = state["model"]

@@ -38,6 +38,8 @@ class SignalRequest:
 
     - ``token_stats``: log-probability and entropy of the next-token distribution at each response token.
     - ``hidden_layers``: indices into the hidden-state stack (0 = embeddings, i = output of layer i), response rows.
+    - ``hidden_pool``: ``"none"`` (every response row) or ``"mean_last"`` (the mean over response tokens and the last
+      response token: ``[layers, 2, d]``, small enough to cache for whole datasets).
     - ``heads``: ``(layer, head)`` pairs whose attention rows are captured.
     - ``attention_from``: ``"response"`` (rows of response tokens) or ``"all"`` (rows of every token).
     - ``keep_attention``: return the captured rows themselves (large); otherwise only reducer outputs.
@@ -46,6 +48,7 @@ class SignalRequest:
 
     token_stats: bool = False
     hidden_layers: tuple[int, ...] = ()
+    hidden_pool: str = "none"
     heads: tuple[tuple[int, int], ...] = ()
     attention_from: str = "response"
     keep_attention: bool = False
@@ -55,6 +58,8 @@ class SignalRequest:
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
         object.__setattr__(self, "heads", tuple(sorted({(int(l), int(h)) for l, h in self.heads})))
         object.__setattr__(self, "reducers", tuple(sorted(set(self.reducers))))
+        if self.hidden_pool not in ("none", "mean_last"):
+            raise ValueError(f"hidden_pool must be 'none' or 'mean_last', not {self.hidden_pool!r}")
         if self.attention_from not in ("response", "all"):
             raise ValueError(f"attention_from must be 'response' or 'all', not {self.attention_from!r}")
         import halwatch.signals  # noqa: F401  pyflakes: ignore (imported to register the reducers)
@@ -68,6 +73,8 @@ class SignalRequest:
         return SignalRequest(
             token_stats=any(r.token_stats for r in reqs),
             hidden_layers=tuple(x for r in reqs for x in r.hidden_layers),
+            hidden_pool="mean_last" if all(r.hidden_pool == "mean_last" for r in reqs if r.hidden_layers) and any(
+                r.hidden_layers for r in reqs) else "none",
             heads=tuple(x for r in reqs for x in r.heads),
             attention_from="all" if any(r.attention_from == "all" for r in reqs) else "response",
             keep_attention=any(r.keep_attention for r in reqs),
@@ -92,7 +99,7 @@ class Signals:
     hidden_layers: tuple[int, ...] = ()
     logprobs: np.ndarray | None = None  # [R] log p(token_t | prefix)
     entropy: np.ndarray | None = None  # [R] entropy of the predictive distribution at token t
-    hidden: np.ndarray | None = None  # [len(hidden_layers), R, d]
+    hidden: np.ndarray | None = None  # [len(hidden_layers), R, d], or [len(hidden_layers), 2, d] pooled
     attention: np.ndarray | None = None  # [H, Q, n] rows from row_start (n_prompt, or 0 with attention_from="all")
     reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
 
@@ -254,9 +261,10 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest) -> list[S
             sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
             sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
         if request.hidden_layers:
-            sig.hidden = np.stack(
-                [out.hidden_states[i][b, v.n_prompt : lengths[b]].float().numpy() for i in request.hidden_layers]
-            )
+            rows = [out.hidden_states[i][b, v.n_prompt : lengths[b]].float() for i in request.hidden_layers]
+            if request.hidden_pool == "mean_last":
+                rows = [torch.stack([r.mean(0), r[-1]]) for r in rows]
+            sig.hidden = np.stack([r.numpy() for r in rows])
         if capture is not None:
             sig.attention, sig.reduced = capture.assemble(b)
         results.append(sig)

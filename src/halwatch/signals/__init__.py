@@ -6,6 +6,8 @@ per-head arrays inside the forward pass, so the rows need not be kept.
 
 from __future__ import annotations
 
+import numpy as np
+
 from halwatch.models.forward import register_reducer
 from halwatch.signals.lookback import lookback_ratios
 from halwatch.signals.topology import mtopdiv
@@ -22,3 +24,12 @@ def _mtopdiv_reducer(rows, n_prompt: int, row_start: int) -> dict:
 def _lookback_reducer(rows, n_prompt: int, row_start: int) -> dict:
     """Lookback ratio per head and response step (Lookback Lens, section 2.1): ``ratio`` [H, R]."""
     return {"ratio": lookback_ratios(rows[:, n_prompt - row_start :, :], n_prompt).astype("float32")}
+
+
+@register_reducer("diag")
+def _diag_reducer(rows, n_prompt: int, row_start: int) -> dict:
+    """Attention of each response token on itself, ``w`` [H, R] (the diagonal used by LLM-Check's attention score,
+    Sriramanan et al. 2024)."""
+    resp = rows[:, n_prompt - row_start :, :]
+    idx = np.arange(resp.shape[1])
+    return {"w": resp[:, idx, n_prompt + idx].astype("float32")}

@@ -1,0 +1,105 @@
+"""TOHA (Bazarova et al.): hallucination score = mean MTop-Div_G(R, P) / |R| over a few "hallucination-aware"
+attention heads (sections 3.4-3.5, Algorithm 1), with spans from the spanning forest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from halwatch.detectors.base import Detector
+from halwatch.detectors.heads import select_heads
+from halwatch.models.forward import SignalRequest
+
+
+class TOHA(Detector):
+    """TOHA, Algorithm 1: heads ranked by Δ (eq. 3) on the probe set, ``N_opt <= n_max`` chosen by probe AUROC; the
+    raw score of a response is the mean normalised divergence ``d`` (eq. 3) over the chosen heads.
+
+    Token score (for spans): the weight of the spanning-forest edge by which the token attaches (its share of
+    MTop-Div), averaged over the chosen heads.
+    """
+
+    name = "toha"
+    citation = "Bazarova et al., TOHA (shared/papers/toha.md), Algorithm 1"
+
+    def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, **settings):
+        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, **settings)
+        self.heads: list[tuple[int, int]] | None = None
+        self.ranking: list[dict] = []
+
+    def _all_heads(self):
+        return self._scorer().model.all_heads()
+
+    def request(self) -> SignalRequest:
+        heads = self.heads if self.heads is not None else self._all_heads()
+        return SignalRequest(heads=tuple(map(tuple, heads)), reducers=("mtopdiv",))
+
+    def per_head(self, signals, heads) -> np.ndarray:
+        """``d`` of eq. (3) for every sample and the given heads: ``[N, len(heads)]``."""
+        return np.stack([s.head_values("mtopdiv.d", heads) for s in signals])
+
+    def choose_heads(self, signals, labels) -> None:
+        heads = self._all_heads()
+        order, deltas, n_opt = select_heads(self.per_head(signals, heads), labels, self.settings["n_max"])
+        self.heads = [heads[i] for i in order[:n_opt]]
+        self.ranking = [{"head": list(heads[i]), "delta": round(float(deltas[i]), 6)} for i in order[:20]]
+
+    def fit_method(self, signals, labels):
+        self.choose_heads(signals, labels)
+
+    def raw_scores(self, signals):
+        return self.per_head(signals, self.heads).mean(axis=1)
+
+    def token_scores(self, signals):
+        return [s.head_values("mtopdiv.token_weights", self.heads).mean(axis=0).astype(float) for s in signals]
+
+    def state(self):
+        return {"heads": [list(h) for h in self.heads], "ranking": self.ranking}
+
+    def set_state(self, state):
+        self.heads = [tuple(h) for h in state["heads"]]
+        self.ranking = state.get("ranking", [])
+
+
+def copy_head_scores(scoring_model, n_sequences: int = 8, length: int = 48, seed: int = 0) -> np.ndarray:
+    """Token-copying (induction) score of every head, ``[layers, heads]``, from the scoring model itself.
+
+    Random token sequences are repeated twice (Elhage et al. 2021; the copying score used by TOHA section 4.4 after
+    Feucht et al. 2025); a head's score is its mean attention, from each token of the second copy, on the token
+    that followed the same token in the first copy. No labels are involved.
+    """
+    from halwatch.models import forward
+    from halwatch.sample import Sample
+    from halwatch.tokens import TokenView
+
+    rng = np.random.default_rng(seed)
+    vocab = scoring_model.tokenizer.vocab_size
+    heads = scoring_model.all_heads()
+    request = SignalRequest(heads=heads, attention_from="all", keep_attention=True)
+    scores = np.zeros(len(heads))
+    for _ in range(n_sequences):
+        seq = rng.integers(1000, min(vocab, 30000), size=length).tolist()
+        ids = seq + seq
+        view = TokenView(sample=Sample(prompt="x", response="x"), input_ids=ids, n_prompt=1, offsets=[(0, 1)],
+                         input_mode="raw")
+        rows = forward.run(scoring_model, [view], request)[0].attention  # [H, 2L, 2L]
+        queries = np.arange(length, 2 * length - 1)
+        scores += rows[:, queries, queries - length + 1].mean(axis=1)
+    return (scores / n_sequences).reshape(scoring_model.n_layers, scoring_model.n_heads)
+
+
+class TOHACopyHeads(TOHA):
+    """Zero-shot TOHA (section 4.4, Table 5, "TOHA_Copy Heads"): the mean divergence of the model's top-``n_copy``
+    copying heads, chosen without labels; only the calibration and thresholds use the probe data."""
+
+    name = "toha-copy"
+    citation = "Bazarova et al., TOHA (shared/papers/toha.md), section 4.4, Table 5"
+
+    def __init__(self, scorer=None, calibration: str = "platt", n_copy: int = 4, **settings):
+        super().__init__(scorer=scorer, calibration=calibration, n_copy=n_copy, **settings)
+
+    def choose_heads(self, signals, labels) -> None:
+        model = self._scorer().model
+        scores = copy_head_scores(model)
+        flat = np.argsort(-scores.ravel(), kind="stable")[: self.settings["n_copy"]]
+        self.heads = [(int(i) // model.n_heads, int(i) % model.n_heads) for i in flat]
+        self.ranking = [{"head": list(h), "copy_score": round(float(scores[h]), 6)} for h in self.heads]

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from halwatch.detectors import create_detector, load_detector
+from halwatch.detectors.heads import head_deltas, select_heads
+from halwatch.detectors.toha import copy_head_scores
+from halwatch.models.forward import SignalRequest
+from halwatch.signals.topology import mtopdiv
+
+
+def test_select_heads_follows_algorithm_1():
+    rng = np.random.default_rng(0)
+    labels = np.array([1] * 30 + [0] * 30)
+    values = rng.random((60, 12))
+    values[:30, 3] += 0.5   # a strongly separating head
+    values[:30, 7] += 0.2   # a weaker one
+    order, deltas, n_opt = select_heads(values, labels, n_max=5)
+    np.testing.assert_allclose(deltas, values[:30].mean(0) - values[30:].mean(0))  # eq. 3
+    assert list(order[:2]) == [3, 7]
+    # brute force of lines 6-16: the first N with the highest AUROC of the running mean
+    aurocs = [roc_auc_score(labels, values[:, order[:n]].mean(1)) for n in range(1, 6)]
+    assert n_opt == int(np.argmax(aurocs)) + 1
+    np.testing.assert_allclose(head_deltas(values, labels), deltas)
+
+
+def test_toha_fit_score_spans_and_artifact(scorer, probe, ragtruth_train, tmp_path):
+    toha = create_detector("toha", scorer=scorer, n_max=10)
+    toha.fit(probe)
+    assert 1 <= len(toha.heads) <= 10 and toha.ranking[0]["delta"] >= toha.ranking[-1]["delta"]
+    # the score is the mean eq.-3 divergence of the chosen heads, checked against the topology module
+    sample = probe[0]
+    view = scorer.encode(sample)
+    rows = scorer.signals([sample], SignalRequest(heads=tuple(toha.heads), keep_attention=True))[0].attention
+    expected = mtopdiv(rows, view.n_prompt).d.mean()
+    assert toha.raw_scores(scorer.signals([sample], toha.request()))[0] == pytest.approx(expected, abs=1e-6)
+    held_out = [s for s in ragtruth_train[300:360] if len(s.response) < 700][:5]
+    probs = toha.score(held_out)
+    assert np.all((probs >= 0) & (probs <= 1))
+    spans = toha.spans(held_out[0])
+    for span in spans:
+        assert held_out[0].response[span["start"] : span["end"]] == span["text"]
+    toha.save(tmp_path / "toha.json")
+    again = load_detector(str(tmp_path / "toha.json"), scorer=scorer)
+    assert again.heads == toha.heads
+    np.testing.assert_allclose(again.score(held_out), probs)
+    assert again.request().heads == tuple(sorted(toha.heads))  # at inference only the chosen heads are captured
+
+
+def test_copy_heads_are_found_without_labels(smol, scorer, probe):
+    scores = copy_head_scores(smol, n_sequences=2)
+    assert scores.shape == (30, 9) and np.all((scores >= 0) & (scores <= 1))
+    # real induction heads attend strongly to the token after the previous occurrence; the median head does not
+    assert scores.max() > 0.3 > np.median(scores)
+    det = create_detector("toha-copy", scorer=scorer).fit(probe)
+    assert len(det.heads) == 4
+    assert [scores[h] for h in det.heads] == sorted((scores[h] for h in det.heads), reverse=True)
