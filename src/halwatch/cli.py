@@ -173,9 +173,16 @@ def cmd_data(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from halwatch.eval.speed import run_speed
+    if args.what == "speed":
+        from halwatch.eval.speed import run_speed
 
-    run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
+        run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
+        return 0
+    from halwatch.eval.bench import run_bench
+
+    if not args.protocol or not args.detectors or not args.datasets:
+        raise InputError("halwatch bench needs --protocol, --detectors and --datasets (see --help)")
+    run_bench(args, command="halwatch " + " ".join(sys.argv[1:]))
     return 0
 
 
@@ -183,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     from halwatch import __version__
     from halwatch.data.ragtruth import GENERATORS, QUALITIES, SPLITS
     from halwatch.detectors.calibration import CALIBRATIONS
+    from halwatch.eval.protocols import PROTOCOLS
 
     parser = argparse.ArgumentParser(
         prog="halwatch",
@@ -219,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("fit", help="fit a detector on labelled JSONL data and save its artifact")
-    p.add_argument("--detector", required=True, help="method name (perplexity, max-entropy, mean-entropy)")
+    p.add_argument("--detector", required=True, help="method name (toha, lookback-lens, perplexity, ...)")
     p.add_argument("--input", required=True, help="labelled generic JSONL (label 1 = hallucinated)")
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
@@ -240,13 +248,26 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--root", help="RAGTruth folder (default ../shared/data/ragtruth)")
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("bench", help="benchmarks")
-    bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="BENCHMARK")
-    ps = bsub.add_parser("speed", help="model load time, forward time with and without attention capture, "
-                                       "peak memory")
-    ps.add_argument("--model", help="scoring model (default smollm2-135m)")
-    ps.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="sequence lengths in tokens")
-    ps.add_argument("--repeats", type=int, default=3, help="timed repeats per setting (median reported)")
+    p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",
+                       description="`halwatch bench --protocol P --detectors ... --datasets ...` fits and evaluates "
+                                   "detectors on cached signals and writes results.json, predictions.jsonl, "
+                                   "report.md and figures to --out. `halwatch bench speed` measures load and "
+                                   "forward times and peak memory.")
+    p.add_argument("what", nargs="?", choices=["run", "speed"], default="run", help="run (default) or speed")
+    p.add_argument("--protocol", nargs="+", choices=PROTOCOLS, help="one or more protocols")
+    p.add_argument("--detectors", nargs="+", help="detector names (halwatch.detectors.DETECTORS)")
+    p.add_argument("--datasets", nargs="+",
+                   help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct) or a labelled "
+                        "JSONL file")
+    p.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
+    p.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
+                                                  "ragtruth-official and kfold, 100 for random-splits)")
+    p.add_argument("--sweeps", action="store_true",
+                   help="also AUROC vs probe size and vs N_max, and the Δ scatter of heads (TOHA figures)")
+    p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="speed: sequence lengths")
+    p.add_argument("--repeats", type=int, default=3, help="speed: timed repeats per setting (median reported)")
+    _add_scorer_options(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

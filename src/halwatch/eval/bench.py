@@ -1,0 +1,85 @@
+"""``halwatch bench``: protocols, sweeps and the report, from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from halwatch.eval.protocols import Bench, save_results
+from halwatch.eval.report import plot_delta_scatter, plot_lines, plot_transfer, write_report
+
+PROBE_SIZES = (10, 25, 50, 100, 200, 400)
+N_MAX = (1, 2, 3, 5, 10, 15, 20, 30)
+
+
+def _series(rows, key):
+    out = {}
+    for r in rows:
+        out.setdefault(r["detector"], {}).setdefault(r[key], []).append(r["auroc"])
+    return {d: [(x, float(np.mean(v)), float(np.std(v))) for x, v in pts.items()] for d, pts in out.items()}
+
+
+def run_bench(args, command: str) -> None:
+    from halwatch.cli import _scorer_from
+
+    scorer = _scorer_from(args)
+    bench = Bench(scorer, args.detectors)
+    seeds = list(range(args.seeds))
+    for protocol in args.protocol:
+        bench.run(protocol, args.datasets, seeds=seeds, probe_size=args.probe_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = []
+    if args.sweeps:
+        extra += sweeps(bench, args.datasets, seeds, out)
+    save_results(out, bench.rows, bench.predictions)
+    if any(r["protocol"] == "transfer" for r in bench.rows):
+        for det in args.detectors:
+            plot_transfer(bench.rows, out / f"transfer-{det}.png", det)
+            extra += [f"![transfer {det}](transfer-{det}.png)", ""]
+    path = write_report(out, command, extra)
+    print(f"{len(bench.rows)} runs -> {out / 'results.json'}; report: {path}")
+
+
+def sweeps(bench: Bench, datasets, seeds, out: Path) -> list[str]:
+    """AUROC vs probe size (TOHA Figure 3a-b) and vs N_max (Figure 4b-c) on the first dataset with the official
+    split, and the Δ scatter of heads on the first two datasets (Figure 2). Returns report lines."""
+    from halwatch.detectors.heads import head_deltas
+    from halwatch.detectors.toha import TOHA
+
+    lines = []
+    name = datasets[0]
+    keep = bench.rows
+    bench.rows = []
+    for size in PROBE_SIZES:
+        bench.run("ragtruth-official", [name], seeds=seeds, probe_size=size, extra={"settings": {"probe": size}})
+    probe_rows = [r | {"probe": r["settings"]["probe"]} for r in bench.rows]
+    plot_lines(_series(probe_rows, "probe"), out / "auroc-vs-probe-size.png", "probe size", "test AUROC",
+               f"AUROC vs probe size, {name} (official test split)")
+    swept = bench.rows
+    bench.rows, detectors = [], bench.detectors
+    bench.detectors = ["toha"]
+    for n_max in N_MAX:
+        bench.run("ragtruth-official", [name], seeds=seeds, probe_size=100, options={"n_max": n_max},
+                  extra={"settings": {"n_max": n_max}})
+    nmax_rows = [r | {"n_max": r["settings"]["n_max"]} for r in bench.rows]
+    plot_lines(_series(nmax_rows, "n_max"), out / "auroc-vs-nmax.png", "N_max", "test AUROC",
+               f"TOHA AUROC vs N_max, {name} (probe 100)")
+    bench.rows, bench.detectors = keep + swept + bench.rows, detectors
+    lines += ["## Sweeps", "", "![AUROC vs probe size](auroc-vs-probe-size.png)", "",
+              "![AUROC vs N_max](auroc-vs-nmax.png)", ""]
+    if len(datasets) >= 2:
+        toha = TOHA(scorer=bench.scorer)
+        heads = bench.scorer.model.all_heads()
+        deltas = []
+        for d in datasets[:2]:
+            samples, labels, _, signals, _ = bench.data(d)
+            train = [i for i, s in enumerate(samples) if s.meta.get("split", "train") == "train"]
+            deltas.append(head_deltas(toha.per_head([signals[i] for i in train], heads), labels[train]))
+        plot_delta_scatter(deltas[0], deltas[1], heads, datasets[:2], out / "delta-scatter.png")
+        top = np.argsort(-np.minimum(*deltas))[:10]
+        lines += ["![Δ scatter](delta-scatter.png)", "",
+                  "Heads with the largest Δ on both training sets: "
+                  + ", ".join(f"L{heads[i][0]}H{heads[i][1]}" for i in top), ""]
+    return lines

@@ -1,0 +1,32 @@
+"""Metrics reported for every run (DESIGN.md conventions): AUROC, AUC-PR, F1 at the fitted threshold, accuracy,
+precision, recall, and the trivial "always hallucinated" F1 beside them."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
+from sklearn.metrics import roc_auc_score
+
+
+def trivial_f1(labels) -> float:
+    """F1 of predicting "hallucinated" for every response: ``2p / (1 + p)`` with ``p`` the positive rate."""
+    p = float(np.mean(labels))
+    return 2 * p / (1 + p) if p > 0 else 0.0
+
+
+def evaluate(labels, probs, threshold: float) -> dict:
+    labels = np.asarray(labels, dtype=int)
+    probs = np.asarray(probs, dtype=float)
+    pred = probs >= threshold
+    both = len(np.unique(labels)) == 2
+    return {
+        "auroc": float(roc_auc_score(labels, probs)) if both else float("nan"),
+        "auc_pr": float(average_precision_score(labels, probs)) if both else float("nan"),
+        "f1": float(f1_score(labels, pred, zero_division=0)),
+        "accuracy": float(accuracy_score(labels, pred)),
+        "precision": float(precision_score(labels, pred, zero_division=0)),
+        "recall": float(recall_score(labels, pred, zero_division=0)),
+        "trivial_f1": trivial_f1(labels),
+        "n_test": int(len(labels)),
+        "n_pos": int(labels.sum()),
+    }

@@ -1,0 +1,219 @@
+"""Evaluation protocols of the papers on the detector contract (:class:`Bench`), on cached white-box signals."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from halwatch.errors import InputError
+from halwatch.eval.metrics import evaluate
+from halwatch.models.forward import SignalRequest
+
+log = logging.getLogger("halwatch")
+
+
+def whitebox_request(model) -> SignalRequest:
+    """One forward pass that feeds every white-box detector and baseline of the benchmark: token statistics,
+    pooled hidden states of the middle and last layer (linear probe), and for every head the MTop-Div (TOHA), the
+    lookback ratios (Lookback Lens) and the attention diagonal (LLM-Check). Benchmarks always ask for exactly this,
+    so that the signal cache is shared across detectors, protocols and reruns."""
+    return SignalRequest(
+        token_stats=True,
+        hidden_layers=(model.n_layers // 2, model.n_layers),
+        hidden_pool="mean_last",
+        heads=model.all_heads(),
+        reducers=("diag", "lookback", "mtopdiv"),
+    )
+
+
+PROTOCOLS = ("ragtruth-official", "random-splits", "kfold", "transfer")
+
+
+def load_dataset(name: str):
+    """``ragtruth:GENERATOR`` (RAGTruth QA of one generator, both official splits) or a generic JSONL path.
+    Returns ``(samples, generator)``."""
+    from halwatch.data.jsonl import read_jsonl
+    from halwatch.data.ragtruth import read_ragtruth
+
+    if name.startswith("ragtruth:"):
+        generator = name.split(":", 1)[1]
+        return read_ragtruth(generator=generator), generator
+    samples = read_jsonl(name)
+    if any(s.label is None for s in samples):
+        raise InputError("every record of a benchmark dataset needs a label", name)
+    return samples, str(samples[0].meta.get("model", samples[0].meta.get("generator", "-")))
+
+
+def _subset(indices, labels, size, seed):
+    """A stratified random subset of ``size`` of ``indices`` (all of them when size is None or too large)."""
+    from sklearn.model_selection import train_test_split
+
+    indices = np.asarray(indices)
+    if size is None or size >= len(indices):
+        return indices
+    part, _ = train_test_split(indices, train_size=size, stratify=labels[indices], random_state=seed)
+    return np.sort(part)
+
+
+def make_splits(protocol: str, samples, seeds, probe_size=None):
+    """``[(seed, probe_indices, test_indices)]`` of a protocol.
+
+    - ``ragtruth-official``: probe = the official train split (or a stratified subset of ``probe_size``, varied by
+      the seed), test = the official test split.
+    - ``random-splits`` (TOHA section 4.1, after HaloScope): stratified 75/25 split per seed, probe = ``probe_size``
+      (default 100) of the 75 %.
+    - ``kfold`` (LRP4RAG section 3.4): stratified 5-fold cross-validation over the whole set, fitting on the four
+      other folds; the "seed" of a row is the fold number. Nothing is selected on the test fold.
+    """
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    labels = np.array([s.label for s in samples])
+    everything = np.arange(len(samples))
+    if protocol == "ragtruth-official":
+        train = everything[[s.meta.get("split") == "train" for s in samples]]
+        test = everything[[s.meta.get("split") == "test" for s in samples]]
+        if not len(train) or not len(test):
+            raise InputError("ragtruth-official needs samples with meta.split 'train' and 'test'")
+        return [(seed, _subset(train, labels, probe_size, seed), test) for seed in seeds]
+    if protocol == "random-splits":
+        out = []
+        for seed in seeds:
+            rest, test = train_test_split(everything, test_size=0.25, stratify=labels, random_state=seed)
+            out.append((seed, _subset(rest, labels, probe_size or 100, seed), np.sort(test)))
+        return out
+    if protocol == "kfold":
+        folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=seeds[0])
+        return [(k, _subset(tr, labels, probe_size, seeds[0]), te)
+                for k, (tr, te) in enumerate(folds.split(everything, labels))]
+    raise ValueError(f"unknown protocol {protocol!r}: choose one of {', '.join(PROTOCOLS)}")
+
+
+def _commit() -> str:
+    import subprocess
+    from pathlib import Path
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Bench:
+    """Runs detectors under a protocol on cached white-box signals; collects result rows and test predictions."""
+
+    def __init__(self, scorer, detectors, options: dict | None = None, progress: bool = True):
+        self.scorer = scorer
+        self.detectors = list(detectors)
+        self.options = options or {}
+        self.progress = progress
+        self.rows: list[dict] = []
+        self.predictions: list[dict] = []
+        self.commit = _commit()
+        self._data: dict = {}
+
+    def data(self, name: str):
+        """Samples, labels and signals of a dataset (signals from the cache or one forward pass each)."""
+        if name not in self._data:
+            samples, generator = load_dataset(name)
+            kept, views = [], []
+            for s in samples:
+                try:
+                    views.append(self.scorer.encode(s))
+                    kept.append(s)
+                except InputError as err:
+                    log.warning("%s: dropped %s", name, err)
+            signals = self.scorer.signals(kept, whitebox_request(self.scorer.model), progress=self.progress,
+                                          views=views)
+            self._data[name] = (kept, np.array([s.label for s in kept]), views, signals, generator)
+        return self._data[name]
+
+    def fit_score(self, detector_name, train, test, options=None):
+        """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals."""
+        from halwatch.detectors import create_detector
+
+        det = create_detector(detector_name, scorer=self.scorer, **{**self.options.get(detector_name, {}),
+                                                                    **(options or {})})
+        det.fit_signals(*train)
+        return det, det.score_signals(test)
+
+    def _record(self, dataset, generator, protocol, seed, detector, labels, probs, threshold, seconds, extra=None):
+        row = {
+            "dataset": dataset, "generator": generator, **{k: v for k, v in self.scorer.identity().items()
+                                                           if k in ("scoring_model", "input_mode")},
+            "detector": detector, "protocol": protocol, "seed": int(seed),
+            **evaluate(labels, probs, threshold), "seconds": round(seconds, 3), "commit": self.commit,
+            **(extra or {}),
+        }
+        self.rows.append(row)
+        self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode")}
+                                | {"labels": [int(x) for x in labels], "probs": [float(p) for p in probs]})
+        return row
+
+    def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None):
+        """One protocol over datasets (``transfer``: every ordered pair of datasets)."""
+        if protocol == "transfer":
+            for source in datasets:
+                for target in datasets:
+                    if source != target:
+                        self._transfer(source, target, seeds, probe_size, options, extra)
+            return self.rows
+        for name in datasets:
+            samples, labels, views, signals, generator = self.data(name)
+            for seed, probe, test in make_splits(protocol, samples, list(seeds), probe_size):
+                for det_name in self.detectors:
+                    t0 = time.perf_counter()
+                    det, probs = self.fit_score(
+                        det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
+                        [signals[i] for i in test], options)
+                    self._record(name, generator, protocol, seed, det_name, labels[test], probs, det.threshold,
+                                 time.perf_counter() - t0, extra)
+        return self.rows
+
+    def _transfer(self, source, target, seeds, probe_size, options, extra):
+        """Fit on the source dataset (its train split where it has one), evaluate on the target (its test split
+        where it has one): TOHA Figure 3c, Lookback Lens transfer."""
+        s_samples, s_labels, s_views, s_signals, _ = self.data(source)
+        t_samples, t_labels, _, t_signals, generator = self.data(target)
+        s_pool = np.array([i for i, s in enumerate(s_samples) if s.meta.get("split", "train") == "train"])
+        t_test = np.array([i for i, s in enumerate(t_samples) if s.meta.get("split", "test") == "test"])
+        for seed in seeds:
+            probe = _subset(s_pool, s_labels, probe_size, seed)
+            for det_name in self.detectors:
+                t0 = time.perf_counter()
+                det, probs = self.fit_score(
+                    det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
+                    [t_signals[i] for i in t_test], options)
+                self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], probs,
+                             det.threshold, time.perf_counter() - t0, extra)
+
+
+def save_results(out_dir, rows, predictions) -> None:
+    """Merge rows into ``results.json`` and predictions into ``predictions.jsonl`` (a rerun replaces the rows of
+    the same dataset, detector, protocol, seed, input mode and scoring model); both written atomically."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key = lambda r: (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"],
+                     r.get("scoring_model"), json.dumps(r.get("settings", {}), sort_keys=True))
+    for name, new in (("results.json", rows), ("predictions.jsonl", predictions)):
+        path = out / name
+        old = []
+        if path.exists():
+            text = path.read_text()
+            old = json.loads(text) if name.endswith(".json") else [json.loads(x) for x in text.splitlines() if x]
+        fresh = {key(r) for r in new}
+        merged = [r for r in old if key(r) not in fresh] + list(new)
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            if name.endswith(".json"):
+                json.dump(merged, f, indent=1)
+            else:
+                f.writelines(json.dumps(r) + "\n" for r in merged)
+        os.replace(tmp, path)

@@ -1,0 +1,198 @@
+"""``report.md`` and figures from benchmark results: mean ± std tables (TOHA Tables 1-2), average ranks and
+Wilcoxon-Holm pairwise tests (Tables 12-13), ROC curves, Δ scatter of heads (Figure 2), AUROC vs probe size
+(Figure 3a-b), AUROC vs N_max (Figure 4b-c) and the transfer matrix (Figure 3c)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+METRICS = ("auroc", "auc_pr", "f1", "accuracy", "trivial_f1")
+
+
+def _group(rows, *keys):
+    out = defaultdict(list)
+    for r in rows:
+        out[tuple(r[k] for k in keys)].append(r)
+    return out
+
+
+def mean_std_table(rows, metric: str = "auroc") -> str:
+    """Markdown table: detectors x datasets, ``mean ± std`` of ``metric`` over seeds; best per column in bold."""
+    datasets = sorted({r["dataset"] for r in rows})
+    detectors = sorted({r["detector"] for r in rows})
+    cells = {k: [r[metric] for r in v] for k, v in _group(rows, "detector", "dataset").items()}
+    best = {d: max((np.mean(cells[(det, d)]) for det in detectors if (det, d) in cells), default=None)
+            for d in datasets}
+    lines = ["| detector | " + " | ".join(datasets) + " |", "|---" * (len(datasets) + 1) + "|"]
+    for det in detectors:
+        row = []
+        for d in datasets:
+            vals = cells.get((det, d))
+            if not vals:
+                row.append("")
+                continue
+            text = f"{np.mean(vals):.3f} ± {np.std(vals):.3f}"
+            row.append(f"**{text}**" if np.isclose(np.mean(vals), best[d]) else text)
+        lines.append(f"| {det} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def ranks_and_tests(rows, metric: str = "auroc") -> tuple[dict, list]:
+    """Average rank of each detector over (dataset, seed) cases (1 = best), and pairwise Wilcoxon signed-rank tests
+    on the paired cases with Holm's step-down correction (Ismail Fawaz et al. 2019, as TOHA Tables 12-13)."""
+    from scipy.stats import rankdata, wilcoxon
+
+    cases = _group(rows, "dataset", "seed")
+    detectors = sorted({r["detector"] for r in rows})
+    complete = {k: {r["detector"]: r[metric] for r in v} for k, v in cases.items()}
+    complete = {k: v for k, v in complete.items() if set(v) == set(detectors)}
+    ranks = defaultdict(list)
+    for values in complete.values():
+        r = rankdata([-values[d] for d in detectors])
+        for d, x in zip(detectors, r):
+            ranks[d].append(x)
+    avg = {d: float(np.mean(ranks[d])) for d in detectors if ranks[d]}
+    tests = []
+    for a, b in itertools.combinations(detectors, 2):
+        x = np.array([v[a] for v in complete.values()])
+        y = np.array([v[b] for v in complete.values()])
+        p = float(wilcoxon(x, y).pvalue) if len(x) >= 2 and np.any(x != y) else 1.0
+        tests.append({"a": a, "b": b, "p": p, "n": len(x)})
+    tests.sort(key=lambda t: t["p"])
+    m = len(tests)
+    running = 0.0
+    for i, t in enumerate(tests):  # Holm: adjusted p_(i) = max_{j<=i} (m - j) p_(j), capped at 1
+        running = max(running, min(1.0, (m - i) * t["p"]))
+        t["p_holm"] = running
+        t["significant"] = running <= 0.05
+    return avg, tests
+
+
+def _plot_roc(predictions, path: Path, dataset: str, protocol: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import roc_curve
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for p in predictions:
+        if p["dataset"] == dataset and p["protocol"] == protocol and p["seed"] == 0:
+            fpr, tpr, _ = roc_curve(p["labels"], p["probs"])
+            ax.plot(fpr, tpr, label=p["detector"])
+    ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC, {dataset} ({protocol}, seed 0)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_lines(series: dict, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """``series``: name -> list of (x, mean, std)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in sorted(series.items()):
+        pts = sorted(pts)
+        xs, ms, ss = (np.array(v) for v in zip(*pts))
+        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_delta_scatter(deltas_a, deltas_b, heads, names, path: Path, top: int = 10) -> None:
+    """Figure 2: Δ of every head on dataset A (x) and B (y); the heads best on both are labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.scatter(deltas_a, deltas_b, s=8, alpha=0.6)
+    best = np.argsort(-np.minimum(deltas_a, deltas_b))[:top]
+    for i in best:
+        ax.scatter(deltas_a[i], deltas_b[i], s=24, color="deeppink")
+        ax.annotate(f"L{heads[i][0]}H{heads[i][1]}", (deltas_a[i], deltas_b[i]), fontsize=7)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.axvline(0, color="k", lw=0.5)
+    ax.set(xlabel=f"Δ on {names[0]}", ylabel=f"Δ on {names[1]}", title="Δ_ij of MTop-Div per head (eq. 3)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_transfer(rows, path: Path, detector: str) -> None:
+    """Figure 3c: AUROC of ``detector`` fitted on the row dataset and evaluated on the column dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = {}
+    for r in rows:
+        if r["protocol"] == "transfer" and r["detector"] == detector:
+            src, dst = r["dataset"].split("->")
+            cells.setdefault((src, dst), []).append(r["auroc"])
+    names = sorted({k for pair in cells for k in pair})
+    if not names:
+        return
+    grid = np.full((len(names), len(names)), np.nan)
+    for (src, dst), vals in cells.items():
+        grid[names.index(src), names.index(dst)] = np.mean(vals)
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    im = ax.imshow(grid, vmin=0.4, vmax=0.9, cmap="viridis")
+    for i, j in itertools.product(range(len(names)), repeat=2):
+        if not np.isnan(grid[i, j]):
+            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="w", fontsize=8)
+    short = [n.split(":")[-1] for n in names]
+    ax.set_xticks(range(len(names)), short, rotation=30, fontsize=7)
+    ax.set_yticks(range(len(names)), short, fontsize=7)
+    ax.set(xlabel="evaluated on", ylabel="fitted on", title=f"transfer AUROC, {detector}")
+    fig.colorbar(im)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out_dir, command: str, extra_sections: list[str] | None = None) -> Path:
+    """``report.md`` (and ROC figures) from ``results.json`` and ``predictions.jsonl`` in ``out_dir``."""
+    out = Path(out_dir)
+    rows = json.loads((out / "results.json").read_text())
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines() if x]
+    main = [r for r in rows if not r.get("settings")]  # sweeps carry their settings and are reported apart
+    lines = ["# halwatch benchmark report", "", f"Made with: `{command}`", ""]
+    ident = sorted({(r["scoring_model"], r["input_mode"], r["commit"]) for r in rows})
+    lines += [f"Scoring model / input mode / commit: {', '.join(' / '.join(i) for i in ident)}", ""]
+    for (protocol, mode), group in sorted(_group(main, "protocol", "input_mode").items()):
+        seeds = sorted({r["seed"] for r in group})
+        lines += [f"## {protocol}, input mode {mode} ({len(seeds)} seeds/folds)", ""]
+        for metric in METRICS:
+            lines += [f"**{metric}** (mean ± std over seeds)", "", mean_std_table(group, metric), ""]
+        avg, tests = ranks_and_tests(group)
+        if avg:
+            lines += ["**Average AUROC rank** over (dataset, seed) cases (1 = best): "
+                      + ", ".join(f"{d} {r:.2f}" for d, r in sorted(avg.items(), key=lambda x: x[1])), ""]
+            lines += ["| method 1 | method 2 | p (Wilcoxon) | p (Holm) | significant |", "|---|---|---|---|---|"]
+            lines += [f"| {t['a']} | {t['b']} | {t['p']:.4f} | {t['p_holm']:.4f} | {'yes' if t['significant'] else 'no'} |"
+                      for t in tests]
+            lines.append("")
+        for dataset in sorted({r["dataset"] for r in group}):
+            fig = f"roc-{protocol}-{mode}-{dataset.replace(':', '_').replace('>', '').replace('/', '_')}.png"
+            _plot_roc(preds, out / fig, dataset, protocol)
+            lines += [f"![ROC {dataset}]({fig})", ""]
+    lines += extra_sections or []
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

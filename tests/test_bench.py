@@ -1,0 +1,122 @@
+"""The benchmark harness on a few dozen real RAGTruth answers: every protocol end to end, and every reported
+number recomputed independently with scikit-learn from the saved predictions."""
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
+
+from halwatch.data.jsonl import write_jsonl
+from halwatch.eval.bench import run_bench
+from halwatch.eval.protocols import Bench, make_splits, save_results
+from halwatch.eval.report import ranks_and_tests, write_report
+from halwatch.scorer import Scorer
+
+DETECTORS = ["toha", "toha-copy", "lookback-lens", "attention-ratio", "llm-check", "linear-probe", "perplexity",
+             "max-entropy", "length"]
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory, ragtruth_train):
+    from halwatch.data.ragtruth import read_ragtruth
+
+    folder = tmp_path_factory.mktemp("bench-data")
+    paths = []
+    for gen in ("llama-2-7b-chat", "mistral-7B-instruct"):
+        short = [s for s in read_ragtruth(generator=gen) if len(s.response) < 500 and len(s.prompt) < 1500]
+        pick = []
+        for split, n in (("train", 10), ("test", 6)):
+            for label in (0, 1):
+                pick += [s for s in short if s.meta["split"] == split and s.label == label][:n]
+        path = folder / f"{gen}.jsonl"
+        write_jsonl(path, [s.to_dict() for s in pick])
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def bench(smol, signal_cache):
+    return Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), DETECTORS, progress=False)
+
+
+def _check_rows_against_sklearn(bench):
+    assert bench.rows
+    for row, pred in zip(bench.rows, bench.predictions):
+        y, p = np.array(pred["labels"]), np.array(pred["probs"])
+        assert row["auroc"] == pytest.approx(roc_auc_score(y, p), abs=1e-5)
+        assert row["auc_pr"] == pytest.approx(average_precision_score(y, p), abs=1e-5)
+        assert row["n_test"] == len(y) and row["n_pos"] == int(y.sum())
+        assert row["trivial_f1"] == pytest.approx(f1_score(y, np.ones_like(y)))
+        assert 0 <= row["f1"] <= 1 and 0 <= row["accuracy"] <= 1
+        assert set(row) >= {"dataset", "generator", "scoring_model", "input_mode", "detector", "protocol", "seed",
+                            "auroc", "auc_pr", "f1", "accuracy", "trivial_f1", "n_test", "n_pos", "seconds",
+                            "commit"}
+
+
+def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
+    bench.run("ragtruth-official", datasets, seeds=[0, 1], probe_size=12)
+    bench.run("random-splits", datasets[:1], seeds=[0, 1], probe_size=16)
+    bench.run("kfold", datasets[:1], seeds=[0])
+    bench.run("transfer", datasets, seeds=[0])
+    _check_rows_against_sklearn(bench)
+    protocols = {r["protocol"] for r in bench.rows}
+    assert protocols == {"ragtruth-official", "random-splits", "kfold", "transfer"}
+    assert {r["detector"] for r in bench.rows} == set(DETECTORS)
+    assert {r["dataset"] for r in bench.rows if r["protocol"] == "transfer"} == {
+        f"{datasets[0]}->{datasets[1]}", f"{datasets[1]}->{datasets[0]}"}
+    # the F1 of a row is that of the detector's fitted threshold: refit one and compare
+    samples, labels, views, signals, _ = bench.data(datasets[0])
+    seed, probe, test = make_splits("ragtruth-official", samples, [0], 12)[0]
+    det, probs = bench.fit_score("toha", ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
+                                 [signals[i] for i in test])
+    row = next(r for r in bench.rows if r["protocol"] == "ragtruth-official" and r["detector"] == "toha"
+               and r["seed"] == 0 and r["dataset"] == datasets[0])
+    assert row["f1"] == pytest.approx(f1_score(labels[test], probs >= det.threshold))
+    save_results(tmp_path, bench.rows, bench.predictions)
+    save_results(tmp_path, bench.rows, bench.predictions)  # a rerun replaces, never duplicates
+    assert len(json.loads((tmp_path / "results.json").read_text())) == len(bench.rows)
+    report = write_report(tmp_path, "test").read_text()
+    assert "## ragtruth-official, input mode raw" in report and "Average AUROC rank" in report
+    assert list(tmp_path.glob("roc-*.png"))
+
+
+def test_splits_are_disjoint_and_stratified(datasets):
+    from halwatch.eval.protocols import load_dataset
+
+    samples, _ = load_dataset(datasets[0])
+    for protocol, size in (("ragtruth-official", 12), ("random-splits", 16), ("kfold", None)):
+        seen_test = []
+        for seed, probe, test in make_splits(protocol, samples, [0, 1], size):
+            assert not set(probe) & set(test)
+            assert {samples[i].label for i in probe} == {0, 1}
+            seen_test += list(test)
+        if protocol == "kfold":
+            assert sorted(seen_test) == list(range(len(samples)))  # every sample tested exactly once
+
+
+def test_ranks_and_holm():
+    rows = [{"dataset": d, "seed": s, "detector": m, "auroc": a + 0.01 * s}
+            for d in ("a", "b") for s in range(5) for m, a in (("good", 0.8), ("bad", 0.6), ("mid", 0.7))]
+    avg, tests = ranks_and_tests(rows)
+    assert avg == {"good": 1.0, "mid": 2.0, "bad": 3.0}
+    holm = [t["p_holm"] for t in tests]
+    assert holm == sorted(holm) and all(t["p_holm"] >= t["p"] for t in tests)
+
+
+def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
+    class Args:
+        model, input_mode, max_tokens, batch_size, no_cache = None, "raw", 512, 1, False
+        protocol, detectors, seeds, probe_size, sweeps = ["ragtruth-official"], ["toha", "length"], 2, 12, True
+        out = str(tmp_path / "out")
+
+    Args.datasets = datasets
+    import halwatch.eval.bench as bench_mod
+
+    bench_mod.PROBE_SIZES, bench_mod.N_MAX = (6, 12), (1, 3)
+    run_bench(Args, "halwatch bench (test)")
+    out = tmp_path / "out"
+    for fig in ("auroc-vs-probe-size.png", "auroc-vs-nmax.png", "delta-scatter.png"):
+        assert (out / fig).stat().st_size > 1000
+    rows = json.loads((out / "results.json").read_text())
+    assert {r["settings"]["n_max"] for r in rows if "n_max" in r.get("settings", {})} == {1, 3}
