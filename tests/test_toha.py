@@ -55,3 +55,22 @@ def test_copy_heads_are_found_without_labels(smol, scorer, probe):
     det = create_detector("toha-copy", scorer=scorer).fit(probe)
     assert len(det.heads) == 4
     assert [scores[h] for h in det.heads] == sorted((scores[h] for h in det.heads), reverse=True)
+
+
+def test_mst_ablation_uses_the_complete_graph(smol, signal_cache, probe):
+    from halwatch.scorer import Scorer
+    from halwatch.signals.topology import mst_length
+
+    scorer = Scorer(model=smol, max_tokens=256, cache=signal_cache)  # complete graphs of all heads: keep them small
+    short = [s for s in probe if len(s.response) < 400]
+    det = create_detector("toha", scorer=scorer, divergence="mst", n_max=3)
+    det.fit(short[:4] + short[-4:])
+    assert det.request().attention_from == "all" and det.spans(probe[0]) == []
+    sample = short[5]
+    rows = scorer.signals([sample], SignalRequest(heads=tuple(det.heads), attention_from="all",
+                                                  keep_attention=True))[0].attention
+    n_prompt = scorer.encode(sample).n_prompt
+    expected = mst_length(rows, n_prompt).d.mean()
+    assert det.raw_scores(scorer.signals([sample], det.request()))[0] == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="divergence must be"):
+        create_detector("toha", divergence="nope")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.base import Detector
+from halwatch.detectors.calibration import fit_logistic, logistic_logodds
 from halwatch.detectors.heads import select_heads
 from halwatch.models.forward import SignalRequest
 
@@ -36,18 +37,10 @@ class LookbackLens(Detector):
         return SignalRequest(heads=_all_heads(self), reducers=("lookback",))
 
     def fit_method(self, signals, labels):
-        from sklearn.linear_model import LogisticRegression
-
-        x = mean_lookback(signals, _all_heads(self))
-        mean, std = x.mean(axis=0), x.std(axis=0) + 1e-8
-        lr = LogisticRegression(C=self.settings["C"], max_iter=1000).fit((x - mean) / std, labels)
-        self.model = {"mean": mean.tolist(), "std": std.tolist(), "coef": lr.coef_[0].tolist(),
-                      "intercept": float(lr.intercept_[0])}
+        self.model = fit_logistic(mean_lookback(signals, _all_heads(self)), labels, self.settings["C"])
 
     def raw_scores(self, signals):
-        x = mean_lookback(signals, _all_heads(self))
-        m = self.model
-        return ((x - np.array(m["mean"])) / np.array(m["std"])) @ np.array(m["coef"]) + m["intercept"]
+        return logistic_logodds(self.model, mean_lookback(signals, _all_heads(self)))
 
     def token_scores(self, signals):
         heads = _all_heads(self)

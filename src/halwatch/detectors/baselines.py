@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.base import Detector
+from halwatch.detectors.calibration import fit_logistic, logistic_logodds
 from halwatch.models.forward import SignalRequest
 
 TOKEN_STATS = SignalRequest(token_stats=True)
@@ -95,18 +96,10 @@ class LinearProbe(Detector):
         return np.stack([s.hidden[s.hidden_layers.index(layer), 0] for s in signals]).astype(float)
 
     def fit_method(self, signals, labels):
-        from sklearn.linear_model import LogisticRegression
-
-        x = self._features(signals)
-        mean, std = x.mean(axis=0), x.std(axis=0) + 1e-8
-        lr = LogisticRegression(C=self.settings["C"], max_iter=1000).fit((x - mean) / std, labels)
-        self.model = {"mean": mean.tolist(), "std": std.tolist(), "coef": lr.coef_[0].tolist(),
-                      "intercept": float(lr.intercept_[0])}
+        self.model = fit_logistic(self._features(signals), labels, self.settings["C"])
 
     def raw_scores(self, signals):
-        m = self.model
-        x = (self._features(signals) - np.array(m["mean"])) / np.array(m["std"])
-        return x @ np.array(m["coef"]) + m["intercept"]
+        return logistic_logodds(self.model, self._features(signals))
 
     def state(self):
         return {"model": self.model}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from halwatch.errors import InputError
@@ -30,6 +32,10 @@ class Calibrator:
             lr = LogisticRegression(C=1e4, max_iter=1000).fit(((raw - mean) / std)[:, None], labels)
             self.params = {"mean": mean, "std": std, "coef": float(lr.coef_[0, 0]),
                            "intercept": float(lr.intercept_[0])}
+            if self.params["coef"] < 0:
+                logging.getLogger("halwatch").warning(
+                    "the raw score is anti-correlated with the labels on the probe data: the fitted calibration "
+                    "reverses it (Platt slope %.3f)", self.params["coef"])
         else:
             from sklearn.isotonic import IsotonicRegression
 
@@ -73,3 +79,20 @@ def best_f1_threshold(scores, labels) -> float:
     f1 = np.where(last, 2 * tp / (tp + fp + y.sum()), -1.0)
     k = int(np.argmax(f1))
     return float((s[k] + s[k + 1]) / 2) if k + 1 < len(s) else float(s[k])
+
+
+def fit_logistic(x, labels, C: float = 1.0) -> dict:
+    """A logistic regression (max_iter 1000) on standardised features, as a JSON-ready dict."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(x, dtype=float)
+    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-8
+    lr = LogisticRegression(C=C, max_iter=1000).fit((x - mean) / std, labels)
+    return {"mean": mean.tolist(), "std": std.tolist(), "coef": lr.coef_[0].tolist(),
+            "intercept": float(lr.intercept_[0])}
+
+
+def logistic_logodds(model: dict, x) -> np.ndarray:
+    """Log-odds of :func:`fit_logistic`'s model on new features."""
+    z = (np.asarray(x, dtype=float) - np.array(model["mean"])) / np.array(model["std"])
+    return z @ np.array(model["coef"]) + model["intercept"]

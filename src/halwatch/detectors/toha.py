@@ -16,13 +16,20 @@ class TOHA(Detector):
 
     Token score (for spans): the weight of the spanning-forest edge by which the token attaches (its share of
     MTop-Div), averaged over the chosen heads.
+
+    ``divergence="mst"`` is the ablation of section 4.4 (Table 4): the length of the minimum spanning tree of the
+    complete attention graph (prompt-prompt distances kept), normalised by |R|, in place of MTop-Div; it needs the
+    attention rows of every token and gives no spans.
     """
 
     name = "toha"
     citation = "Bazarova et al., TOHA (shared/papers/toha.md), Algorithm 1"
 
-    def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, **settings):
-        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, **settings)
+    def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, divergence: str = "mtopdiv",
+                 **settings):
+        if divergence not in ("mtopdiv", "mst"):
+            raise ValueError(f"divergence must be 'mtopdiv' or 'mst', not {divergence!r}")
+        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, divergence=divergence, **settings)
         self.heads: list[tuple[int, int]] | None = None
         self.ranking: list[dict] = []
 
@@ -31,11 +38,13 @@ class TOHA(Detector):
 
     def request(self) -> SignalRequest:
         heads = self.heads if self.heads is not None else self._all_heads()
-        return SignalRequest(heads=tuple(map(tuple, heads)), reducers=("mtopdiv",))
+        mst = self.settings["divergence"] == "mst"
+        return SignalRequest(heads=tuple(map(tuple, heads)), reducers=(self.settings["divergence"],),
+                             attention_from="all" if mst else "response")
 
     def per_head(self, signals, heads) -> np.ndarray:
-        """``d`` of eq. (3) for every sample and the given heads: ``[N, len(heads)]``."""
-        return np.stack([s.head_values("mtopdiv.d", heads) for s in signals])
+        """``d`` of eq. (3) (or the MST ablation's) for every sample and the given heads: ``[N, len(heads)]``."""
+        return np.stack([s.head_values(f"{self.settings['divergence']}.d", heads) for s in signals])
 
     def choose_heads(self, signals, labels) -> None:
         heads = self._all_heads()
@@ -50,6 +59,8 @@ class TOHA(Detector):
         return self.per_head(signals, self.heads).mean(axis=1)
 
     def token_scores(self, signals):
+        if self.settings["divergence"] == "mst":
+            return None
         return [s.head_values("mtopdiv.token_weights", self.heads).mean(axis=0).astype(float) for s in signals]
 
     def state(self):

@@ -27,15 +27,17 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _load_seconds(model: str) -> tuple[float, float]:
-    """(import of torch + transformers, load of the model from the cache), measured in a fresh process."""
+def _load_seconds(model: str) -> tuple[float, float, float]:
+    """In a fresh process: import of torch + transformers, the first load of the model from the cache (which also
+    imports transformers' model and tokenizer modules lazily), and a second load (files only)."""
     code = (
         "import time; t0 = time.perf_counter(); import torch, transformers; t1 = time.perf_counter();"
         "from halwatch.models import load_model; load_model(%r, pull_missing=False); t2 = time.perf_counter();"
-        "print(t1 - t0, t2 - t1)" % model
+        "load_model(%r, pull_missing=False); t3 = time.perf_counter();"
+        "print(t1 - t0, t2 - t1, t3 - t2)" % (model, model)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    return float(out[-2]), float(out[-1])
+    return float(out[-3]), float(out[-2]), float(out[-1])
 
 
 def speed_samples(lengths):
@@ -45,7 +47,7 @@ def speed_samples(lengths):
 
     rt = read_ragtruth(split="test", generator="llama-2-7b-chat")
     passages = "\n\n".join(s.prompt[s.context_span[0] : s.context_span[1]] for s in rt[:12])
-    base = rt[0]
+    base = min(rt, key=lambda s: abs(len(s.response) - 300))  # a response of about 70 tokens
     prompt = base.prompt[: base.context_span[0]] + passages + base.prompt[base.context_span[1] :]
     start = base.context_span[0]
     return {n: Sample(id=f"speed-{n}", prompt=prompt, response=base.response,
@@ -63,11 +65,13 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
-    t_import, t_load = _load_seconds(model)
-    out(f"model {model}: import torch+transformers {t_import:.2f} s, load from cache {t_load:.2f} s "
-        f"({torch.get_num_threads()} threads)")
+    t_import, t_first, t_again = _load_seconds(model)
+    out(f"model {model} ({torch.get_num_threads()} threads): import torch+transformers {t_import:.2f} s; "
+        f"load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
+        f"{t_again:.2f} s once those are imported")
     samples = speed_samples(lengths)
-    results = {"model": model, "import_s": t_import, "load_s": t_load, "threads": torch.get_num_threads(),
+    results = {"model": model, "import_s": t_import, "load_s": t_first, "reload_s": t_again,
+               "threads": torch.get_num_threads(),
                "lengths": {}}
     shared = load_model(model)
     scorers = {n: Scorer(model=shared, max_tokens=n, cache=None) for n in lengths}

@@ -10,7 +10,7 @@ import numpy as np
 
 from halwatch.models.forward import register_reducer
 from halwatch.signals.lookback import lookback_ratios
-from halwatch.signals.topology import mtopdiv
+from halwatch.signals.topology import mst_length, mtopdiv
 
 
 @register_reducer("mtopdiv")
@@ -33,3 +33,12 @@ def _diag_reducer(rows, n_prompt: int, row_start: int) -> dict:
     resp = rows[:, n_prompt - row_start :, :]
     idx = np.arange(resp.shape[1])
     return {"w": resp[:, idx, n_prompt + idx].astype("float32")}
+
+
+@register_reducer("mst")
+def _mst_reducer(rows, n_prompt: int, row_start: int) -> dict:
+    """Length of the MST of the complete attention graph, normalised by |R| (TOHA section 4.4, Table 4 ablation):
+    ``d`` [H]. Needs the rows of every token (``attention_from="all"``)."""
+    if row_start != 0:
+        raise ValueError("the 'mst' reducer needs attention rows of every token (attention_from='all')")
+    return {"d": mst_length(rows, n_prompt).d.astype("float32")}
