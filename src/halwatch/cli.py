@@ -157,6 +157,14 @@ def cmd_fit(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if args.data_cmd == "generate":
+        from halwatch.data.generate import generate_squad
+
+        scorer = _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": args.input_mode or "chat"}))
+        stats = generate_squad(scorer, args.output, args.n, seed=args.seed, titles=args.title)
+        print(f"{stats['answered']} answered: {stats['kept']} labelled ({stats['hallucinated']} hallucinated), "
+              f"{stats['dropped']} dropped by the labelling rule -> {args.output}", file=sys.stderr)
+        return 0
     from halwatch.data.jsonl import write_jsonl
     from halwatch.data.ragtruth import read_ragtruth
 
@@ -246,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--limit", type=int, help="a random subset of this many samples (file order kept)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the random subset (default 0)")
     pr.add_argument("--root", help="RAGTruth folder (default ../shared/data/ragtruth)")
+    pg = dsub.add_parser("generate", help="same-model data: the scoring model answers SQuAD 2.0 questions (TOHA "
+                                          "Table 15 prompt), labelled by TOHA App. D.1 without the LLM judge")
+    pg.add_argument("--dataset", choices=["squad"], default="squad", help="only squad")
+    pg.add_argument("--n", type=int, required=True, help="number of questions (random, by --seed)")
+    pg.add_argument("--output", required=True, help="JSONL to write or resume (dropped answers: OUTPUT.dropped.jsonl)")
+    pg.add_argument("--seed", type=int, default=0, help="seed of the question sample (default 0)")
+    pg.add_argument("--title", nargs="+", help="only questions of these SQuAD article titles")
+    _add_scorer_options(pg)
+    pg.set_defaults(input_mode=None)
     p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",

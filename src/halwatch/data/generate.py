@@ -1,0 +1,121 @@
+"""Same-model data (the papers' main setting): the scoring model answers SQuAD 2.0 questions from their context with
+the prompt of TOHA Table 15, and its answers are labelled with TOHA Appendix D.1 without the LLM judge:
+
+- answerable question: ROUGE-L = 1 with a gold answer, or a gold answer inside the response -> grounded (0);
+  ROUGE-L <= 0.3 with every gold answer and no gold answer inside -> hallucinated (1); otherwise dropped;
+- unanswerable question: the refusal phrase in the response -> grounded (0); any other answer -> hallucinated (1).
+
+The output is generic JSONL (``context``, ``question``, ``response``, ``label``, ``meta`` with the rule and the
+ROUGE-L), appended one answer at a time, so an interrupted run resumes where it stopped. Dropped answers go to
+``OUTPUT.dropped.jsonl`` beside it (kept for resuming and for counting).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+REFUSAL = "Unable to answer based on given context"
+LABEL_RULE = ("TOHA App. D.1 without the LLM judge: answerable -> grounded if ROUGE-L = 1 or a gold answer is a "
+              "substring, hallucinated if ROUGE-L <= 0.3 and no gold substring, else dropped; unanswerable -> "
+              "grounded if the refusal phrase is given, else hallucinated")
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 (Lin 2004) on lower-cased word tokens: longest common subsequence, precision and recall."""
+    a, b = _tokens(candidate), _tokens(reference)
+    if not a or not b:
+        return 0.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
+def label_answer(response: str, answers: list[str], is_impossible: bool) -> tuple[int | None, float]:
+    """``(label, best ROUGE-L)``; label ``None`` means the answer is dropped (neither rule applies)."""
+    if is_impossible:
+        return (0 if REFUSAL.lower() in response.lower() else 1), 0.0
+    best = max((rouge_l(response, a) for a in answers), default=0.0)
+    inside = any(a.strip() and a.strip().lower() in response.lower() for a in answers)
+    if best >= 1.0 - 1e-9 or inside:
+        return 0, best
+    if best <= 0.3:
+        return 1, best
+    return None, best
+
+
+def generate_answer(scoring_model, prompt: str, input_mode: str, max_new_tokens: int = 64) -> str:
+    """Greedy answer of the scoring model to ``prompt`` (chat template in ``chat`` mode); the first line only in
+    ``raw`` mode, where a base model has no end-of-turn token."""
+    import torch
+
+    from halwatch.tokens import _prompt_ids
+
+    tok = scoring_model.tokenizer
+    ids = _prompt_ids(tok, prompt, input_mode)
+    with torch.inference_mode():
+        out = scoring_model.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                           max_new_tokens=max_new_tokens, do_sample=False,
+                                           pad_token_id=tok.pad_token_id or tok.eos_token_id)
+    text = tok.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+    return text.split("\n")[0].strip() if input_mode == "raw" else text
+
+
+def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=None, progress: bool = True) -> dict:
+    """Answer ``n`` random SQuAD 2.0 questions with the scorer's model and label them; resumes from ``output``."""
+    import random
+
+    from halwatch.data.squad import read_squad
+
+    questions = read_squad(titles=titles)
+    order = random.Random(seed).sample(range(len(questions)), min(n, len(questions)))
+    output = Path(output)
+    dropped_path = output.with_name(output.name + ".dropped.jsonl")
+    done = {}
+    for path in (output, dropped_path):
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    done[record["meta"]["question_id"]] = record
+    stats = {"answered": 0, "kept": 0, "dropped": 0, "hallucinated": 0}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "a", encoding="utf-8") as kept, open(dropped_path, "a", encoding="utf-8") as dropped, \
+            tqdm(total=len(order), disable=not progress, desc="generate", unit="question") as bar:
+        for i in order:
+            q = questions[i]
+            if q.id not in done:
+                prompt = q.sample("-").prompt
+                response = generate_answer(scorer.model, prompt, scorer.input_mode)
+                label, score = label_answer(response, q.answers, q.is_impossible) if response else (None, 0.0)
+                record = {"id": q.id, "context": q.context, "question": q.question, "response": response,
+                          "label": label,
+                          "meta": {"question_id": q.id, "title": q.title, "answers": q.answers,
+                                   "is_impossible": q.is_impossible, "rouge_l": round(score, 4),
+                                   "generator": scorer.model.name, "input_mode": scorer.input_mode,
+                                   "label_rule": LABEL_RULE}}
+                target = kept if label is not None else dropped
+                target.write(json.dumps(record, ensure_ascii=False) + "\n")
+                target.flush()
+                done[q.id] = record
+            stats["answered"] += 1
+            label = done[q.id]["label"]
+            stats["kept" if label is not None else "dropped"] += 1
+            stats["hallucinated"] += int(label == 1)
+            bar.update(1)
+    return stats
