@@ -49,7 +49,7 @@ def _check_rows_against_sklearn(bench):
         assert row["n_test"] == len(y) and row["n_pos"] == int(y.sum())
         assert row["trivial_f1"] == pytest.approx(f1_score(y, np.ones_like(y)))
         assert 0 <= row["f1"] <= 1 and 0 <= row["accuracy"] <= 1
-        assert set(row) >= {"dataset", "generator", "scoring_model", "input_mode", "detector", "protocol", "seed",
+        assert set(row) >= {"dataset", "generator", "probe_size", "scoring_model", "input_mode", "detector", "protocol", "seed",
                             "auroc", "auc_pr", "f1", "accuracy", "trivial_f1", "n_test", "n_pos", "seconds",
                             "commit"}
 
@@ -77,7 +77,7 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     save_results(tmp_path, bench.rows, bench.predictions)  # a rerun replaces, never duplicates
     assert len(json.loads((tmp_path / "results.json").read_text())) == len(bench.rows)
     report = write_report(tmp_path, "test").read_text()
-    assert "## ragtruth-official, input mode raw" in report and "Average AUROC rank" in report
+    assert "## ragtruth-official, probe 12, input mode raw" in report and "Average AUROC rank" in report
     assert list(tmp_path.glob("roc-*.png"))
 
 
@@ -120,3 +120,26 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
         assert (out / fig).stat().st_size > 1000
     rows = json.loads((out / "results.json").read_text())
     assert {r["settings"]["n_max"] for r in rows if "n_max" in r.get("settings", {})} == {1, 3}
+
+
+def test_requests_outside_the_whitebox_pass_get_their_own(bench, datasets):
+    from halwatch.models.forward import SignalRequest
+
+    covered = bench.data(datasets[0], SignalRequest(token_stats=True))[3]
+    assert covered is bench.data(datasets[0])[3]  # the shared pass serves what it covers
+    request = SignalRequest(heads=((21, 6),), attention_from="all", reducers=("mst",))
+    own = bench.data(datasets[0], request)[3]
+    assert own is not covered and all(s.reduced["mst.d"].shape == (1,) for s in own)
+
+
+def test_ripser_comparison_agrees():
+    import numpy as np
+
+    from halwatch.eval.speed import ripser_comparison
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 20, 50))
+    logits[:, np.arange(20)[:, None] < np.arange(50)[None, :] - 30] = -np.inf  # causal: row r sees 30 + r + 1
+    rows = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    result = ripser_comparison(rows, 30, out=lambda m: None)
+    assert result["max_diff"] < 1e-6

@@ -74,3 +74,22 @@ def test_mst_ablation_uses_the_complete_graph(smol, signal_cache, probe):
     assert det.raw_scores(scorer.signals([sample], det.request()))[0] == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="divergence must be"):
         create_detector("toha", divergence="nope")
+
+
+def test_mtopdiv_equals_ripser_on_real_attention_maps(scorer, probe):
+    ripser = pytest.importorskip("ripser").ripser
+    sample = probe[3]
+    heads = ((0, 0), (10, 4), (19, 0), (21, 6), (29, 8))
+    sig = scorer.signals([sample], SignalRequest(heads=heads, keep_attention=True))[0]
+    ours = mtopdiv(sig.attention, sig.n_prompt).total
+    n = sig.n_prompt + sig.n_response
+    for h, rows in enumerate(sig.attention.astype(np.float64)):
+        w = np.zeros((n, n))
+        w[sig.n_prompt :] = rows
+        d = 1.0 - np.maximum(w, w.T)
+        d[: sig.n_prompt, : sig.n_prompt] = 0.0
+        np.fill_diagonal(d, 0.0)
+        bars = ripser(d, distance_matrix=True, maxdim=0)["dgms"][0]
+        finite = np.isfinite(bars[:, 1])
+        # ripser works in float32: allow its rounding over |R| bars
+        assert ours[h] == pytest.approx(float(np.sum(bars[finite, 1] - bars[finite, 0])), abs=max(1e-6, n * 3e-8))

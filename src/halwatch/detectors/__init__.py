@@ -9,12 +9,12 @@ from pathlib import Path
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
-from halwatch.detectors.toha import TOHA, TOHACopyHeads
+from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (TOHA, TOHACopyHeads, LookbackLens, AttentionRatio, LLMCheckAttention, LinearProbe, Perplexity,
+    for cls in (TOHA, TOHACopyHeads, TOHAMST, LookbackLens, AttentionRatio, LLMCheckAttention, LinearProbe, Perplexity,
                 MaxEntropy, MeanEntropy, ResponseLength)
 }
 

@@ -98,6 +98,9 @@ def copy_head_scores(scoring_model, n_sequences: int = 8, length: int = 48, seed
     return (scores / n_sequences).reshape(scoring_model.n_layers, scoring_model.n_heads)
 
 
+_COPY_SCORES: dict = {}
+
+
 class TOHACopyHeads(TOHA):
     """Zero-shot TOHA (section 4.4, Table 5, "TOHA_Copy Heads"): the mean divergence of the model's top-``n_copy``
     copying heads, chosen without labels; only the calibration and thresholds use the probe data."""
@@ -110,7 +113,22 @@ class TOHACopyHeads(TOHA):
 
     def choose_heads(self, signals, labels) -> None:
         model = self._scorer().model
-        scores = copy_head_scores(model)
+        key = (model.name, model.weights_hash)
+        if key not in _COPY_SCORES:  # depends on the model only: computed once per process
+            _COPY_SCORES[key] = copy_head_scores(model)
+        scores = _COPY_SCORES[key]
         flat = np.argsort(-scores.ravel(), kind="stable")[: self.settings["n_copy"]]
         self.heads = [(int(i) // model.n_heads, int(i) % model.n_heads) for i in flat]
         self.ranking = [{"head": list(h), "copy_score": round(float(scores[h]), 6)} for h in self.heads]
+
+
+class TOHAMST(TOHA):
+    """The ablation of section 4.4 (Table 4) under its own name: TOHA with the MST length of the complete
+    attention graph in place of MTop-Div."""
+
+    name = "toha-mst"
+    citation = "Bazarova et al., TOHA (shared/papers/toha.md), section 4.4, Table 4"
+
+    def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, **settings):
+        settings.setdefault("divergence", "mst")
+        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, **settings)

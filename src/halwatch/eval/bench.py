@@ -74,7 +74,7 @@ def sweeps(bench: Bench, datasets, seeds, out: Path) -> list[str]:
         heads = bench.scorer.model.all_heads()
         deltas = []
         for d in datasets[:2]:
-            samples, labels, _, signals, _ = bench.data(d)
+            samples, labels, _, signals, _ = bench.data(d)  # the white-box pass has MTop-Div of every head
             train = [i for i, s in enumerate(samples) if s.meta.get("split", "train") == "train"]
             deltas.append(head_deltas(toha.per_head([signals[i] for i in train], heads), labels[train]))
         plot_delta_scatter(deltas[0], deltas[1], heads, datasets[:2], out / "delta-scatter.png")

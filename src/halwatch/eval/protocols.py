@@ -95,7 +95,7 @@ def _commit() -> str:
     from pathlib import Path
 
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -114,8 +114,9 @@ class Bench:
         self.commit = _commit()
         self._data: dict = {}
 
-    def data(self, name: str):
-        """Samples, labels and signals of a dataset (signals from the cache or one forward pass each)."""
+    def data(self, name: str, request: SignalRequest | None = None):
+        """Samples, labels, views and signals of a dataset: the signals of the shared white-box pass, or of
+        ``request`` where that pass does not cover it (from the disk cache, or one forward pass each)."""
         if name not in self._data:
             samples, generator = load_dataset(name)
             kept, views = [], []
@@ -125,10 +126,20 @@ class Bench:
                     kept.append(s)
                 except InputError as err:
                     log.warning("%s: dropped %s", name, err)
-            signals = self.scorer.signals(kept, whitebox_request(self.scorer.model), progress=self.progress,
-                                          views=views)
-            self._data[name] = (kept, np.array([s.label for s in kept]), views, signals, generator)
-        return self._data[name]
+            self._data[name] = (kept, np.array([s.label for s in kept]), views, generator, {})
+        kept, labels, views, generator, by_request = self._data[name]
+        whitebox = whitebox_request(self.scorer.model)
+        request = whitebox if request is None or whitebox.covers(request) else request
+        if request not in by_request:
+            by_request[request] = self.scorer.signals(kept, request, progress=self.progress, views=views)
+        return kept, labels, views, by_request[request], generator
+
+    def _detector_data(self, name: str, detector_name: str, options=None):
+        from halwatch.detectors import create_detector
+
+        template = create_detector(detector_name, scorer=self.scorer,
+                                   **{**self.options.get(detector_name, {}), **(options or {})})
+        return self.data(name, template.request())
 
     def fit_score(self, detector_name, train, test, options=None):
         """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals."""
@@ -139,16 +150,18 @@ class Bench:
         det.fit_signals(*train)
         return det, det.score_signals(test)
 
-    def _record(self, dataset, generator, protocol, seed, detector, labels, probs, threshold, seconds, extra=None):
+    def _record(self, dataset, generator, protocol, seed, detector, labels, probs, threshold, seconds, extra=None,
+                probe_size=None):
         row = {
-            "dataset": dataset, "generator": generator, **{k: v for k, v in self.scorer.identity().items()
+            "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **{k: v for k, v in self.scorer.identity().items()
                                                            if k in ("scoring_model", "input_mode")},
             "detector": detector, "protocol": protocol, "seed": int(seed),
             **evaluate(labels, probs, threshold), "seconds": round(seconds, 3), "commit": self.commit,
             **(extra or {}),
         }
         self.rows.append(row)
-        self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode")}
+        self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode",
+                                                     "probe_size")}
                                 | {"labels": [int(x) for x in labels], "probs": [float(p) for p in probs]})
         return row
 
@@ -161,33 +174,37 @@ class Bench:
                         self._transfer(source, target, seeds, probe_size, options, extra)
             return self.rows
         for name in datasets:
-            samples, labels, views, signals, generator = self.data(name)
+            samples = self.data(name)[0]
             for seed, probe, test in make_splits(protocol, samples, list(seeds), probe_size):
                 for det_name in self.detectors:
+                    _, labels, views, signals, generator = self._detector_data(name, det_name, options)
                     t0 = time.perf_counter()
                     det, probs = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
                         [signals[i] for i in test], options)
                     self._record(name, generator, protocol, seed, det_name, labels[test], probs, det.threshold,
-                                 time.perf_counter() - t0, extra)
+                                 time.perf_counter() - t0, extra,
+                                 probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
 
     def _transfer(self, source, target, seeds, probe_size, options, extra):
         """Fit on the source dataset (its train split where it has one), evaluate on the target (its test split
         where it has one): TOHA Figure 3c, Lookback Lens transfer."""
-        s_samples, s_labels, s_views, s_signals, _ = self.data(source)
-        t_samples, t_labels, _, t_signals, generator = self.data(target)
+        s_samples, s_labels = self.data(source)[:2]
+        t_samples = self.data(target)[0]
         s_pool = np.array([i for i, s in enumerate(s_samples) if s.meta.get("split", "train") == "train"])
         t_test = np.array([i for i, s in enumerate(t_samples) if s.meta.get("split", "test") == "test"])
         for seed in seeds:
             probe = _subset(s_pool, s_labels, probe_size, seed)
             for det_name in self.detectors:
+                _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options)
+                _, t_labels, _, t_signals, generator = self._detector_data(target, det_name, options)
                 t0 = time.perf_counter()
                 det, probs = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
                     [t_signals[i] for i in t_test], options)
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], probs,
-                             det.threshold, time.perf_counter() - t0, extra)
+                             det.threshold, time.perf_counter() - t0, extra, probe_size=probe_size)
 
 
 def save_results(out_dir, rows, predictions) -> None:
@@ -201,7 +218,7 @@ def save_results(out_dir, rows, predictions) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     key = lambda r: (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"],
-                     r.get("scoring_model"), json.dumps(r.get("settings", {}), sort_keys=True))
+                     r.get("scoring_model"), r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
     for name, new in (("results.json", rows), ("predictions.jsonl", predictions)):
         path = out / name
         old = []

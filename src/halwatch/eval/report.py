@@ -175,9 +175,10 @@ def write_report(out_dir, command: str, extra_sections: list[str] | None = None)
     lines = ["# halwatch benchmark report", "", f"Made with: `{command}`", ""]
     ident = sorted({(r["scoring_model"], r["input_mode"], r["commit"]) for r in rows})
     lines += [f"Scoring model / input mode / commit: {', '.join(' / '.join(i) for i in ident)}", ""]
-    for (protocol, mode), group in sorted(_group(main, "protocol", "input_mode").items()):
+    for (protocol, probe, mode), group in sorted(_group(main, "protocol", "probe_size", "input_mode").items(),
+                                                 key=lambda kv: tuple(map(str, kv[0]))):
         seeds = sorted({r["seed"] for r in group})
-        lines += [f"## {protocol}, input mode {mode} ({len(seeds)} seeds/folds)", ""]
+        lines += [f"## {protocol}, probe {probe}, input mode {mode} ({len(seeds)} seeds/folds)", ""]
         for metric in METRICS:
             lines += [f"**{metric}** (mean ± std over seeds)", "", mean_std_table(group, metric), ""]
         avg, tests = ranks_and_tests(group)
@@ -189,8 +190,10 @@ def write_report(out_dir, command: str, extra_sections: list[str] | None = None)
                       for t in tests]
             lines.append("")
         for dataset in sorted({r["dataset"] for r in group}):
-            fig = f"roc-{protocol}-{mode}-{dataset.replace(':', '_').replace('>', '').replace('/', '_')}.png"
-            _plot_roc(preds, out / fig, dataset, protocol)
+            fig = (f"roc-{protocol}-{probe}-{mode}-"
+                   f"{dataset.replace(':', '_').replace('>', '').replace('/', '_')}.png")
+            _plot_roc([p for p in preds if p.get("probe_size") == probe and p["input_mode"] == mode], out / fig,
+                      dataset, protocol)
             lines += [f"![ROC {dataset}]({fig})", ""]
     lines += extra_sections or []
     path = out / "report.md"

@@ -40,6 +40,49 @@ def _load_seconds(model: str) -> tuple[float, float, float]:
     return float(out[-3]), float(out[-2]), float(out[-1])
 
 
+def toha_heads(model_name: str) -> list:
+    """The heads of the shipped default artifact when it is a TOHA fitted for this model, else ten heads of the
+    layers where TOHA's heads were found on RAGTruth (DESIGN.md: layers 18-23)."""
+    from halwatch.detectors import read_artifact
+
+    art = read_artifact("default")
+    if art["detector"] == "toha" and art.get("scoring_model") == model_name:
+        return [tuple(h) for h in art["state"]["heads"]]
+    return [(21, 6), (19, 0), (18, 3), (20, 1), (22, 4), (23, 2), (21, 0), (19, 5), (20, 7), (22, 8)]
+
+
+def ripser_comparison(rows, n_prompt: int, out=print) -> dict:
+    """Our MTop-Div against ripser's H0 barcode on the same attention rows (ripser: a test dependency)."""
+    import numpy as np
+
+    from halwatch.signals.topology import mtopdiv
+
+    try:
+        from ripser import ripser
+    except ImportError:
+        out("ripser is not installed (pip install ripser): MTop-Div cross-check skipped")
+        return {}
+    t0 = time.perf_counter()
+    ours = mtopdiv(rows, n_prompt).total
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    theirs = []
+    n = rows.shape[2]
+    for head in rows:
+        w = np.zeros((n, n))
+        w[n_prompt:, :] = head
+        d = 1.0 - np.maximum(w, w.T)
+        d[:n_prompt, :n_prompt] = 0.0
+        np.fill_diagonal(d, 0.0)
+        bars = ripser(d, distance_matrix=True, maxdim=0)["dgms"][0]
+        theirs.append(float(np.sum(bars[np.isfinite(bars[:, 1]), 1] - bars[np.isfinite(bars[:, 1]), 0])))
+    t_ripser = time.perf_counter() - t0
+    diff = float(np.max(np.abs(ours - np.array(theirs))))
+    out(f"MTop-Div of {len(rows)} heads ({rows.shape[1]} response x {n} tokens): ours {t_ours * 1e3:.1f} ms, "
+        f"ripser {t_ripser * 1e3:.0f} ms ({t_ripser / t_ours:.0f}x), max difference {diff:.1e}")
+    return {"ours_s": t_ours, "ripser_s": t_ripser, "max_diff": diff}
+
+
 def speed_samples(lengths):
     """One sample per length, cut to that many tokens by the scorer's cap."""
     from halwatch.data.ragtruth import read_ragtruth
@@ -85,12 +128,22 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
             row[key] = _timed(lambda: forward.run(sm, [view], request), repeats)
         row["view"] = view
         results["lengths"][n] = row
+    heads = toha_heads(shared.name)
+    toha_request = SignalRequest(heads=tuple(heads), reducers=("mtopdiv",))
+    for n in lengths:
+        row = results["lengths"][n]
+        row["toha_s"] = _timed(lambda: forward.run(shared, [row["view"]], toha_request), repeats)
     peak_ours = _peak_rss_mb()
-    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {'eager attn maps':>16}")
+    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {'TOHA 10 heads':>14} "
+        f"{'TOHA/plain':>10} {'eager attn maps':>16}")
     for n in lengths:
         row = results["lengths"][n]
         sm = scorers[n].model
-        ids = torch.tensor([row.pop("view").input_ids])
+        view = row.pop("view")
+        ids = torch.tensor([view.input_ids])
+        if n == max(lengths):
+            rows = forward.run(sm, [view], SignalRequest(heads=tuple(heads), keep_attention=True))[0].attention
+            results["ripser"] = ripser_comparison(rows, view.n_prompt, out)
 
         def eager():
             with torch.inference_mode():
@@ -102,10 +155,12 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         finally:
             forward.install(sm.model)
         out(f"{row['tokens']:>6} {row['response_tokens']:>5} {row['plain_s']:>7.2f}s {row['stats_s']:>7.2f}s "
-            f"{row['capture_all_s']:>18.2f}s {row['eager_s']:>15.2f}s")
+            f"{row['capture_all_s']:>18.2f}s {row['toha_s']:>13.2f}s {row['toha_s'] / row['plain_s']:>9.2f}x "
+            f"{row['eager_s']:>15.2f}s")
     results["peak_rss_mb_ours"] = peak_ours
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
     out("plain: SDPA forward, one logit; +stats: response log-probs and entropies; +capture all heads: also the "
-        "response-token attention rows of every head; eager: transformers' output_attentions=True (all maps)")
+        "response-token attention rows of every head; TOHA 10 heads: forward + capture + MTop-Div of TOHA's heads; "
+        "eager: transformers' output_attentions=True (all maps)")
     return results
