@@ -88,3 +88,20 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
     for a, b in zip(resumed, fresh):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-6)
+
+
+def test_cached_whitebox_pass_serves_covered_requests(smol, probe, tmp_path, monkeypatch):
+    from halwatch.signals import whitebox_request
+
+    scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path)
+    full = scorer.signals(probe[:2], whitebox_request(smol))
+    calls = []
+    real_run = forward.run
+    monkeypatch.setattr(forward, "run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    toha_like = SignalRequest(heads=((21, 6), (19, 0)), reducers=("mtopdiv",))
+    served = scorer.signals(probe[:2], toha_like)
+    assert calls == []
+    for a, b in zip(full, served):
+        np.testing.assert_array_equal(a.head_values("mtopdiv.d", [(19, 0)]), b.head_values("mtopdiv.d", [(19, 0)]))
+    scorer.signals(probe[:1], SignalRequest(heads=((0, 0),), keep_attention=True))  # not covered: computed
+    assert calls == [1]

@@ -68,19 +68,30 @@ class Scorer:
                 f"and heads {bad_heads}"
             )
 
+    def _key(self, view: TokenView, request: SignalRequest) -> str:
+        return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
+                          request)
+
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
                 views: list[TokenView] | None = None) -> list[Signals]:
         """Signals of every sample, from the cache where present, else from batched forward passes."""
+        from halwatch.signals import whitebox_request
+
         self._check(request)
         views = views if views is not None else [self.encode(s) for s in samples]
         results: list[Signals | None] = [None] * len(views)
         keys = [None] * len(views)
+        # a cached entry of the full white-box pass serves any request it covers
+        whitebox = whitebox_request(self.model)
+        fallbacks = [whitebox] if whitebox != request and whitebox.covers(request) else []
         todo = []
         for i, v in enumerate(views):
             if self.cache is not None:
-                keys[i] = signal_key(self.model.name, self.model.weights_hash, self.input_mode, v.input_ids,
-                                     v.n_prompt, request)
+                keys[i] = self._key(v, request)
                 results[i] = self.cache.get(keys[i])
+                for other in fallbacks:
+                    if results[i] is None:
+                        results[i] = self.cache.get(self._key(v, other))
             if results[i] is None:
                 todo.append(i)
         todo.sort(key=lambda i: len(views[i].input_ids))

@@ -10,22 +10,9 @@ import numpy as np
 from halwatch.errors import InputError
 from halwatch.eval.metrics import evaluate
 from halwatch.models.forward import SignalRequest
+from halwatch.signals import whitebox_request
 
 log = logging.getLogger("halwatch")
-
-
-def whitebox_request(model) -> SignalRequest:
-    """One forward pass that feeds every white-box detector and baseline of the benchmark: token statistics,
-    pooled hidden states of the middle and last layer (linear probe), and for every head the MTop-Div (TOHA), the
-    lookback ratios (Lookback Lens) and the attention diagonal (LLM-Check). Benchmarks always ask for exactly this,
-    so that the signal cache is shared across detectors, protocols and reruns."""
-    return SignalRequest(
-        token_stats=True,
-        hidden_layers=(model.n_layers // 2, model.n_layers),
-        hidden_pool="mean_last",
-        heads=model.all_heads(),
-        reducers=("diag", "lookback", "mtopdiv"),
-    )
 
 
 PROTOCOLS = ("ragtruth-official", "random-splits", "kfold", "transfer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.models.forward import register_reducer
+from halwatch.models.forward import SignalRequest, register_reducer
 from halwatch.signals.lookback import lookback_ratios
 from halwatch.signals.topology import mst_length, mtopdiv
 
@@ -42,3 +42,17 @@ def _mst_reducer(rows, n_prompt: int, row_start: int) -> dict:
     if row_start != 0:
         raise ValueError("the 'mst' reducer needs attention rows of every token (attention_from='all')")
     return {"d": mst_length(rows, n_prompt).d.astype("float32")}
+
+
+def whitebox_request(model) -> SignalRequest:
+    """One forward pass that feeds every white-box detector and baseline: token statistics, pooled hidden states of
+    the middle and last layer (linear probe), and for every head the MTop-Div (TOHA), the lookback ratios (Lookback
+    Lens) and the attention diagonal (LLM-Check). Benchmarks always ask for exactly this, and the scorer serves any
+    request it covers from its cached entries, so detectors, protocols and reruns share one pass per answer."""
+    return SignalRequest(
+        token_stats=True,
+        hidden_layers=(model.n_layers // 2, model.n_layers),
+        hidden_pool="mean_last",
+        heads=model.all_heads(),
+        reducers=("diag", "lookback", "mtopdiv"),
+    )
