@@ -76,9 +76,9 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     save_results(tmp_path, bench.rows, bench.predictions)
     save_results(tmp_path, bench.rows, bench.predictions)  # a rerun replaces, never duplicates
     assert len(json.loads((tmp_path / "results.json").read_text())) == len(bench.rows)
-    report = write_report(tmp_path, "test").read_text()
+    report = write_report(tmp_path).read_text()
     assert "## ragtruth-official, probe 12, input mode raw" in report and "Average AUROC rank" in report
-    assert list(tmp_path.glob("roc-*.png"))
+    assert list(tmp_path.glob("roc-*.png")) and list(tmp_path.glob("transfer-*.png"))
 
 
 def test_splits_are_disjoint_and_stratified(datasets):
@@ -116,6 +116,7 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
     bench_mod.PROBE_SIZES, bench_mod.N_MAX = (6, 12), (1, 3)
     run_bench(Args, "halwatch bench (test)")
     out = tmp_path / "out"
+    assert "halwatch bench (test)" in (out / "report.md").read_text()
     for fig in ("auroc-vs-probe-size.png", "auroc-vs-nmax.png", "delta-scatter.png"):
         assert (out / fig).stat().st_size > 1000
     rows = json.loads((out / "results.json").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from halwatch.eval.protocols import Bench, save_results
-from halwatch.eval.report import plot_delta_scatter, plot_lines, plot_transfer, write_report
+from halwatch.eval.report import plot_delta_scatter, plot_lines, write_report
 
 PROBE_SIZES = (10, 25, 50, 100, 200, 400)
 N_MAX = (1, 2, 3, 5, 10, 15, 20, 30)
@@ -30,15 +30,12 @@ def run_bench(args, command: str) -> None:
         bench.run(protocol, args.datasets, seeds=seeds, probe_size=args.probe_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    extra = []
     if args.sweeps:
-        extra += sweeps(bench, args.datasets, seeds, out)
+        (out / "sweeps.md").write_text("\n".join(sweeps(bench, args.datasets, seeds, out)) + "\n")
     save_results(out, bench.rows, bench.predictions)
-    if any(r["protocol"] == "transfer" for r in bench.rows):
-        for det in args.detectors:
-            plot_transfer(bench.rows, out / f"transfer-{det}.png", det)
-            extra += [f"![transfer {det}](transfer-{det}.png)", ""]
-    path = write_report(out, command, extra)
+    with open(out / "commands.txt", "a") as f:
+        f.write(command + "\n")
+    path = write_report(out)
     print(f"{len(bench.rows)} runs -> {out / 'results.json'}; report: {path}")
 
 

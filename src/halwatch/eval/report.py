@@ -166,13 +166,15 @@ def plot_transfer(rows, path: Path, detector: str) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir, command: str, extra_sections: list[str] | None = None) -> Path:
-    """``report.md`` (and ROC figures) from ``results.json`` and ``predictions.jsonl`` in ``out_dir``."""
+def write_report(out_dir) -> Path:
+    """``report.md`` and its figures from what the runs left in ``out_dir``: ``results.json``,
+    ``predictions.jsonl``, ``commands.txt`` and, from ``--sweeps``, ``sweeps.md`` and its figures."""
     out = Path(out_dir)
     rows = json.loads((out / "results.json").read_text())
     preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines() if x]
     main = [r for r in rows if not r.get("settings")]  # sweeps carry their settings and are reported apart
-    lines = ["# halwatch benchmark report", "", f"Made with: `{command}`", ""]
+    commands = (out / "commands.txt").read_text().splitlines() if (out / "commands.txt").exists() else []
+    lines = ["# halwatch benchmark report", "", "Made with:", "", "```", *commands, "```", ""]
     ident = sorted({(r["scoring_model"], r["input_mode"], r["commit"]) for r in rows})
     lines += [f"Scoring model / input mode / commit: {', '.join(' / '.join(i) for i in ident)}", ""]
     for (protocol, probe, mode), group in sorted(_group(main, "protocol", "probe_size", "input_mode").items(),
@@ -195,7 +197,15 @@ def write_report(out_dir, command: str, extra_sections: list[str] | None = None)
             _plot_roc([p for p in preds if p.get("probe_size") == probe and p["input_mode"] == mode], out / fig,
                       dataset, protocol)
             lines += [f"![ROC {dataset}]({fig})", ""]
-    lines += extra_sections or []
+    transfer = sorted({r["detector"] for r in rows if r["protocol"] == "transfer"})
+    if transfer:
+        lines += ["## Transfer matrices (fitted on the row dataset's train split, tested on the column's test split)",
+                  ""]
+        for det in transfer:
+            plot_transfer(rows, out / f"transfer-{det}.png", det)
+            lines += [f"![transfer {det}](transfer-{det}.png)", ""]
+    if (out / "sweeps.md").exists():
+        lines += [(out / "sweeps.md").read_text()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
