@@ -108,7 +108,7 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
     class Args:
         model, input_mode, max_tokens, batch_size, no_cache = None, "raw", 512, 1, False
         protocol, detectors, seeds, probe_size, sweeps = ["ragtruth-official"], ["toha", "length"], 2, 12, True
-        out = str(tmp_path / "out")
+        out, set = str(tmp_path / "out"), None
 
     Args.datasets = datasets
     import halwatch.eval.bench as bench_mod

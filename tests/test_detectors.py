@@ -97,7 +97,10 @@ def test_unknown_detector_and_bad_artifact(tmp_path):
 
 def test_shipped_artifacts_load_and_name_their_data():
     shipped = shipped_artifacts()
-    assert {"default", "perplexity", "max-entropy", "mean-entropy"} <= set(shipped)
+    assert {"default", "toha", "perplexity", "max-entropy", "mean-entropy"} <= set(shipped)
+    default = load_detector("default")
+    assert default.name == "toha" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
+    assert len(default.heads) <= default.settings["n_max"]
     for name in shipped:
         det = load_detector(name)
         assert det.identity["scoring_model"] == "smollm2-135m" and "RAGTruth" in det.fitted_on["data"]

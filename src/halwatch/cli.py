@@ -137,6 +137,20 @@ def cmd_score(args) -> int:
     return 0
 
 
+def _settings(args) -> dict:
+    """Detector settings from ``--set KEY=VALUE`` (VALUE read as JSON where it parses, else as text)."""
+    out = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def cmd_fit(args) -> int:
     from halwatch.detectors import create_detector
 
@@ -146,7 +160,7 @@ def cmd_fit(args) -> int:
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled:
         raise InputError("record has no label: fitting needs 'label' on every record", unlabelled[0].where)
-    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration)
+    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration, **_settings(args))
     signals = scorer.signals(samples, detector.request(), progress=True, views=views)
     detector.fit_signals(signals, [s.label for s in samples], views)
     detector.fitted_on["data"] = args.describe or str(args.input)
@@ -192,6 +206,10 @@ def cmd_bench(args) -> int:
         raise InputError("halwatch bench needs --protocol, --detectors and --datasets (see --help)")
     run_bench(args, command="halwatch " + " ".join(sys.argv[1:]))
     return 0
+
+
+SET_HELP = ("a detector setting, repeatable: n_max=5 (TOHA heads), divergence=mst, n_samples=20 and judge=MODEL "
+            "(sampling baselines), C=0.1 (probes)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_fit)
@@ -282,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweeps", action="store_true",
                    help="also AUROC vs probe size and vs N_max, and the Δ scatter of heads (TOHA figures)")
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP + "; applies to every detector "
+                                                                                  "that has the setting")
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="speed: sequence lengths")
     p.add_argument("--repeats", type=int, default=3, help="speed: timed repeats per setting (median reported)")
     _add_scorer_options(p)

@@ -72,6 +72,20 @@ class Scorer:
         return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
                           request)
 
+    def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
+        """One batch: the forward pass (when the request asks for anything from it), then any sampled answers."""
+        from halwatch.models.sampling import sample_answers
+
+        base = request.without_sampling()
+        if base == SignalRequest():
+            out = [Signals(n_prompt=v.n_prompt, n_response=v.n_response) for v in views]
+        else:
+            out = forward.run(self.model, views, base)
+        if request.sampling is not None:
+            for v, sig in zip(views, out):
+                sig.generations = sample_answers(self.model, v, request.sampling, self.input_mode)
+        return out
+
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
                 views: list[TokenView] | None = None) -> list[Signals]:
         """Signals of every sample, from the cache where present, else from batched forward passes."""
@@ -99,7 +113,7 @@ class Scorer:
                   dynamic_ncols=True) as bar:
             for start in range(0, len(todo), self.batch_size):
                 batch = todo[start : start + self.batch_size]
-                for i, sig in zip(batch, forward.run(self.model, [views[i] for i in batch], request)):
+                for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
                     results[i] = sig
                     if self.cache is not None:
                         self.cache.put(keys[i], sig)

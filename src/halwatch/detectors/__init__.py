@@ -9,13 +9,16 @@ from pathlib import Path
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
+from halwatch.detectors.sampling import (EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram,
+                                         SemanticEntropy)
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
     for cls in (TOHA, TOHACopyHeads, TOHAMST, LookbackLens, AttentionRatio, LLMCheckAttention, LinearProbe, Perplexity,
-                MaxEntropy, MeanEntropy, ResponseLength)
+                MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore, SelfCheckNGram, SelfCheckEntailment,
+                SemanticEntropy)
 }
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.
@@ -32,6 +35,10 @@ def create_detector(name: str, scorer=None, **kwargs) -> Detector:
     """A new, unfitted detector of the named method."""
     if name not in DETECTORS:
         raise HalwatchError(f"unknown detector {name!r}: known methods are {', '.join(sorted(DETECTORS))}")
+    unknown = sorted(set(kwargs) - DETECTORS[name].setting_names())
+    if unknown:
+        raise HalwatchError(f"detector {name!r} has no setting(s) {unknown}: it takes "
+                            f"{', '.join(sorted(DETECTORS[name].setting_names()))}")
     return DETECTORS[name](scorer=scorer, **kwargs)
 
 

@@ -12,6 +12,7 @@ and weights hash), the input mode and the token cap, and what it was fitted on.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
@@ -45,6 +46,17 @@ class Detector:
         self.token_threshold: float | None = None
         self.identity: dict = {}
         self.fitted_on: dict = {}
+
+    @classmethod
+    def setting_names(cls) -> set[str]:
+        """Names of the settings this method takes (keyword arguments of its constructors)."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is not None:
+                names |= {n for n, p in inspect.signature(init).parameters.items()
+                          if p.kind == p.POSITIONAL_OR_KEYWORD and n not in ("self", "scorer")}
+        return names
 
     # ---- what a method implements -------------------------------------------------------------------------------
     def request(self) -> SignalRequest:

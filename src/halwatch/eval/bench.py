@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from halwatch.errors import HalwatchError
 from halwatch.eval.protocols import Bench, save_results
 from halwatch.eval.report import plot_delta_scatter, plot_lines, write_report
 
@@ -21,10 +22,19 @@ def _series(rows, key):
 
 
 def run_bench(args, command: str) -> None:
-    from halwatch.cli import _scorer_from
+    from halwatch.cli import _scorer_from, _settings
+    from halwatch.detectors import DETECTORS
 
     scorer = _scorer_from(args)
-    bench = Bench(scorer, args.detectors)
+    settings = _settings(args)
+    unknown = [d for d in args.detectors if d not in DETECTORS]
+    if unknown:
+        raise HalwatchError(f"unknown detector(s) {unknown}: known are {', '.join(sorted(DETECTORS))}")
+    options = {d: {k: v for k, v in settings.items() if k in DETECTORS[d].setting_names()} for d in args.detectors}
+    unused = [k for k in settings if not any(k in o for o in options.values())]
+    if unused:
+        raise HalwatchError(f"no detector of this run has the setting(s) {unused}")
+    bench = Bench(scorer, args.detectors, options)
     seeds = list(range(args.seeds))
     for protocol in args.protocol:
         bench.run(protocol, args.datasets, seeds=seeds, probe_size=args.probe_size)

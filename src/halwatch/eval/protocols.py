@@ -101,9 +101,10 @@ class Bench:
         self.commit = _commit()
         self._data: dict = {}
 
-    def data(self, name: str, request: SignalRequest | None = None):
+    def data(self, name: str, request: SignalRequest | None = None, needed=None):
         """Samples, labels, views and signals of a dataset: the signals of the shared white-box pass, or of
-        ``request`` where that pass does not cover it (from the disk cache, or one forward pass each)."""
+        ``request`` where that pass does not cover it (from the disk cache, or one forward pass each). Only the
+        samples at indices ``needed`` (default: all) are sure to have signals; others may be ``None``."""
         if name not in self._data:
             samples, generator = load_dataset(name)
             kept, views = [], []
@@ -117,16 +118,21 @@ class Bench:
         kept, labels, views, generator, by_request = self._data[name]
         whitebox = whitebox_request(self.scorer.model)
         request = whitebox if request is None or whitebox.covers(request) else request
-        if request not in by_request:
-            by_request[request] = self.scorer.signals(kept, request, progress=self.progress, views=views)
-        return kept, labels, views, by_request[request], generator
+        signals = by_request.setdefault(request, [None] * len(kept))
+        todo = [i for i in (range(len(kept)) if needed is None else sorted(set(map(int, needed))))
+                if signals[i] is None]
+        if todo:
+            for i, sig in zip(todo, self.scorer.signals([kept[i] for i in todo], request, progress=self.progress,
+                                                        views=[views[i] for i in todo])):
+                signals[i] = sig
+        return kept, labels, views, signals, generator
 
-    def _detector_data(self, name: str, detector_name: str, options=None):
+    def _detector_data(self, name: str, detector_name: str, options=None, needed=None):
         from halwatch.detectors import create_detector
 
         template = create_detector(detector_name, scorer=self.scorer,
                                    **{**self.options.get(detector_name, {}), **(options or {})})
-        return self.data(name, template.request())
+        return self.data(name, template.request(), needed)
 
     def fit_score(self, detector_name, train, test, options=None):
         """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals."""
@@ -161,10 +167,11 @@ class Bench:
                         self._transfer(source, target, seeds, probe_size, options, extra)
             return self.rows
         for name in datasets:
-            samples = self.data(name)[0]
+            samples = self.data(name, needed=())[0]
             for seed, probe, test in make_splits(protocol, samples, list(seeds), probe_size):
                 for det_name in self.detectors:
-                    _, labels, views, signals, generator = self._detector_data(name, det_name, options)
+                    _, labels, views, signals, generator = self._detector_data(name, det_name, options,
+                                                                               np.concatenate([probe, test]))
                     t0 = time.perf_counter()
                     det, probs = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
@@ -177,15 +184,15 @@ class Bench:
     def _transfer(self, source, target, seeds, probe_size, options, extra):
         """Fit on the source dataset (its train split where it has one), evaluate on the target (its test split
         where it has one): TOHA Figure 3c, Lookback Lens transfer."""
-        s_samples, s_labels = self.data(source)[:2]
-        t_samples = self.data(target)[0]
+        s_samples, s_labels = self.data(source, needed=())[:2]
+        t_samples = self.data(target, needed=())[0]
         s_pool = np.array([i for i, s in enumerate(s_samples) if s.meta.get("split", "train") == "train"])
         t_test = np.array([i for i, s in enumerate(t_samples) if s.meta.get("split", "test") == "test"])
         for seed in seeds:
             probe = _subset(s_pool, s_labels, probe_size, seed)
             for det_name in self.detectors:
-                _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options)
-                _, t_labels, _, t_signals, generator = self._detector_data(target, det_name, options)
+                _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
+                _, t_labels, _, t_signals, generator = self._detector_data(target, det_name, options, t_test)
                 t0 = time.perf_counter()
                 det, probs = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),

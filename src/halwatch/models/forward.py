@@ -10,10 +10,11 @@ the pass, layer by layer, so even the rows need not be kept.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
+from halwatch.models.sampling import SamplingRequest
 from halwatch.tokens import TokenView
 
 ATTN_IMPLEMENTATION = "halwatch"
@@ -44,6 +45,8 @@ class SignalRequest:
     - ``attention_from``: ``"response"`` (rows of response tokens) or ``"all"`` (rows of every token).
     - ``keep_attention``: return the captured rows themselves (large); otherwise only reducer outputs.
     - ``reducers``: names in :data:`REDUCERS` applied to the captured rows of every requested head.
+    - ``sampling``: extra answers sampled from the scoring model for the prompt
+      (:class:`halwatch.models.sampling.SamplingRequest`), for the sampling baselines.
     """
 
     token_stats: bool = False
@@ -53,6 +56,7 @@ class SignalRequest:
     attention_from: str = "response"
     keep_attention: bool = False
     reducers: tuple[str, ...] = ()
+    sampling: SamplingRequest | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
@@ -79,6 +83,7 @@ class SignalRequest:
             attention_from="all" if any(r.attention_from == "all" for r in reqs) else "response",
             keep_attention=any(r.keep_attention for r in reqs),
             reducers=tuple(x for r in reqs for x in r.reducers),
+            sampling=_one_sampling(reqs),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -86,7 +91,20 @@ class SignalRequest:
         return self.merge(other) == self
 
     def key(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sampling"}
+        if self.sampling is not None:  # only then, so that keys of earlier cache entries stay valid
+            key["sampling"] = asdict(self.sampling)
+        return key
+
+    def without_sampling(self) -> "SignalRequest":
+        return replace(self, sampling=None)
+
+
+def _one_sampling(reqs) -> SamplingRequest | None:
+    asked = {r.sampling for r in reqs if r.sampling is not None}
+    if len(asked) > 1:
+        raise ValueError(f"requests ask for different sampling settings: {sorted(map(str, asked))}")
+    return asked.pop() if asked else None
 
 
 @dataclass
@@ -102,6 +120,7 @@ class Signals:
     hidden: np.ndarray | None = None  # [len(hidden_layers), R, d], or [len(hidden_layers), 2, d] pooled
     attention: np.ndarray | None = None  # [H, Q, n] rows from row_start (n_prompt, or 0 with attention_from="all")
     reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
+    generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {
@@ -114,6 +133,7 @@ class Signals:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
+        out.update({f"gen:{k}": v for k, v in (self.generations or {}).items()})
         return out
 
     @classmethod
@@ -128,6 +148,7 @@ class Signals:
             hidden=arrays["hidden"] if "hidden" in arrays else None,
             attention=arrays["attention"] if "attention" in arrays else None,
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
+            generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
         )
 
     def head_values(self, name: str, heads) -> np.ndarray:

@@ -1,0 +1,149 @@
+"""Extra generations of the scoring model, for the baselines that compare a response with sampled answers
+(SelfCheckGPT, semantic entropy, EigenScore, LN-entropy), and yes/no judgements by the same model.
+
+The prompt is run once; its key/value cache is repeated for the ``n`` samples, which are then drawn token by token
+(temperature and nucleus sampling, a seeded generator). A sample ends at the end-of-sequence token, or, in ``raw``
+mode where a base-style prompt has no end-of-turn token, at the first line break after some text (as the
+same-model data generator keeps the first line). For each sample we keep its text, the sum of its token log-probabilities under the model
+(temperature 1, the quantity LN-entropy and semantic entropy use), its length in tokens, and the middle layer's
+hidden state of its last token (the sentence embedding of EigenScore, Chen et al. 2024, section 3.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from halwatch.tokens import TokenView, _prompt_ids
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """How many answers to sample and how: ``n`` samples of at most ``max_new_tokens`` tokens."""
+
+    n: int = 5
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"sampling needs n >= 1 and max_new_tokens >= 1, got {self.n} and {self.max_new_tokens}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {self.temperature}, "
+                             f"{self.top_p}")
+
+
+def _stop_ids(tokenizer, input_mode: str) -> set[int]:
+    stop = {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int)}
+    stop.discard(tokenizer.unk_token_id)
+    if input_mode == "raw":
+        cache = getattr(tokenizer, "_halwatch_newline_ids", None)
+        if cache is None:
+            vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+            cache = {i for i, t in enumerate(vocab) if t and "\n" in tokenizer.convert_tokens_to_string([t])}
+            tokenizer._halwatch_newline_ids = cache
+        stop |= cache
+    return stop
+
+
+def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, input_mode: str) -> dict[str, np.ndarray]:
+    """``request.n`` answers sampled from the scoring model for the prompt of ``view``.
+
+    Returns ``texts`` [n], ``logprob`` [n] (sum of token log-probabilities), ``length`` [n] (tokens),
+    ``embedding`` [n, d] (middle layer, last token) and ``response`` (the scored response, decoded).
+    """
+    import torch
+
+    model, tok = scoring_model.model, scoring_model.tokenizer
+    n, mid = request.n, scoring_model.n_layers // 2
+    stop = _stop_ids(tok, input_mode)
+    gen = torch.Generator().manual_seed(request.seed)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([view.input_ids[: view.n_prompt]]), use_cache=True,
+                    output_hidden_states=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].float().repeat(n, 1)
+        embedding = out.hidden_states[mid][:, -1].float().repeat(n, 1)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprob = np.zeros(n)
+        done = np.zeros(n, dtype=bool)
+        started = np.zeros(n, dtype=bool)  # leading line breaks do not end a raw-mode answer
+        eos = {t for t in stop if t in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>"))}
+        stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        stop_mask[sorted(stop)] = True
+        for _ in range(request.max_new_tokens):
+            logp = torch.log_softmax(logits, dim=-1)
+            probs = torch.softmax(logits / request.temperature, dim=-1)
+            if request.top_p < 1:
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                drop = sorted_p.cumsum(-1) - sorted_p > request.top_p
+                probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+            if not started.all():  # an answer does not end before it has begun
+                probs[torch.from_numpy(~started)[:, None] & stop_mask[None, :]] = 0.0
+            nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+            fed = []
+            for b in np.flatnonzero(~done):
+                t = int(nxt[b])
+                logprob[b] += float(logp[b, t])
+                if t in stop and (t in eos or started[b]):
+                    done[b] = True
+                    if t not in eos:
+                        tokens[b].append(t)  # the line break ends the answer; its text is cut below
+                else:
+                    started[b] = started[b] or bool(tok.decode([t]).strip())
+                    tokens[b].append(t)
+                    fed.append(b)
+            if done.all():
+                break
+            out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True, output_hidden_states=True)
+            logits = out.logits[:, -1].float()
+            if fed:
+                embedding[fed] = out.hidden_states[mid][fed, -1].float()
+    texts = []
+    for toks in tokens:
+        text = tok.decode(toks, skip_special_tokens=True)
+        texts.append((text.strip().split("\n")[0] if input_mode == "raw" else text).strip())
+    response = tok.decode(view.input_ids[view.n_prompt:], skip_special_tokens=True)
+    return {"texts": np.array(texts, dtype=str), "logprob": logprob.astype(np.float32),
+            "length": np.array([max(1, len(t)) for t in tokens], dtype=np.int32),
+            "embedding": embedding.numpy().astype(np.float32), "response": np.array(response, dtype=str)}
+
+
+def _yes_no_ids(tokenizer) -> tuple[list[int], list[int]]:
+    def first(words):
+        return sorted({tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in words})
+
+    return first(["Yes", " Yes", "yes", " yes"]), first(["No", " No", "no", " no"])
+
+
+def yes_probability(scoring_model, prompts: list[str], input_mode: str, batch_size: int = 8) -> np.ndarray:
+    """P(yes) of the scoring model for each yes/no question: its next-token mass on "Yes" against "No" after the
+    prompt (rendered by the input mode), left-padded batches."""
+    import torch
+
+    tok, model = scoring_model.tokenizer, scoring_model.model
+    yes, no = _yes_no_ids(tok)
+    encoded = [_prompt_ids(tok, p, input_mode) for p in prompts]
+    out = np.zeros(len(prompts))
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    pad = tok.pad_token_id or 0
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        longest = max(len(encoded[i]) for i in batch)
+        ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, i in enumerate(batch):
+            ids[row, longest - len(encoded[i]):] = torch.tensor(encoded[i])
+            mask[row, longest - len(encoded[i]):] = 1
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                           logits_to_keep=1, use_cache=False).logits[:, -1].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        p_yes = torch.logsumexp(logp[:, yes], -1)
+        p_no = torch.logsumexp(logp[:, no], -1)
+        out[batch] = torch.sigmoid(p_yes - p_no).numpy()
+    return out
