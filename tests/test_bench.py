@@ -144,3 +144,17 @@ def test_ripser_comparison_agrees():
     rows = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     result = ripser_comparison(rows, 30, out=lambda m: None)
     assert result["max_diff"] < 1e-6
+
+
+def test_sampling_baselines_under_a_protocol(smol, signal_cache, datasets):
+    """Sampling baselines run under a protocol like any detector: their samples are drawn only for the answers the
+    protocol uses, and the rows match scikit-learn."""
+    options = {d: {"n_samples": 2, "max_new_tokens": 6} for d in ("eigenscore", "selfcheck-ngram", "ln-entropy")}
+    bench = Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), list(options), options, progress=False)
+    bench.run("ragtruth-official", datasets[:1], seeds=[0], probe_size=8)
+    _check_rows_against_sklearn(bench)
+    assert {r["detector"] for r in bench.rows} == set(options)
+    signals = next(v for k, v in bench._data[datasets[0]][4].items() if k.sampling is not None)
+    _, probe, test = make_splits("ragtruth-official", bench.data(datasets[0], needed=())[0], [0], 8)[0]
+    used = {i for i, s in enumerate(signals) if s is not None}
+    assert used == set(probe) | set(test) and len(used) < len(signals)  # not the other training answers

@@ -131,7 +131,10 @@ def yes_probability(scoring_model, prompts: list[str], input_mode: str, batch_si
     out = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     pad = tok.pad_token_id or 0
-    for start in range(0, len(order), batch_size):
+    from tqdm.auto import tqdm
+
+    for start in tqdm(range(0, len(order), batch_size), desc="judge", unit="batch", dynamic_ncols=True,
+                      disable=len(order) < 256):
         batch = order[start:start + batch_size]
         longest = max(len(encoded[i]) for i in batch)
         ids = torch.full((len(batch), longest), pad, dtype=torch.long)
