@@ -134,7 +134,8 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         row = results["lengths"][n]
         row["toha_s"] = _timed(lambda: forward.run(shared, [row["view"]], toha_request), repeats)
     peak_ours = _peak_rss_mb()
-    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {'TOHA 10 heads':>14} "
+    toha_col = f"TOHA {len(heads)} heads"
+    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {toha_col:>14} "
         f"{'TOHA/plain':>10} {'eager attn maps':>16}")
     for n in lengths:
         row = results["lengths"][n]
@@ -161,6 +162,6 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
     out("plain: SDPA forward, one logit; +stats: response log-probs and entropies; +capture all heads: also the "
-        "response-token attention rows of every head; TOHA 10 heads: forward + capture + MTop-Div of TOHA's heads; "
-        "eager: transformers' output_attentions=True (all maps)")
+        "response-token attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA "
+        "artifact's heads; eager: transformers' output_attentions=True (all maps)")
     return results

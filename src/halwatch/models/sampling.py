@@ -4,9 +4,9 @@
 The prompt is run once; its key/value cache is repeated for the ``n`` samples, which are then drawn token by token
 (temperature and nucleus sampling, a seeded generator). A sample ends at the end-of-sequence token, or, in ``raw``
 mode where a base-style prompt has no end-of-turn token, at the first line break after some text (as the
-same-model data generator keeps the first line). For each sample we keep its text, the sum of its token log-probabilities under the model
-(temperature 1, the quantity LN-entropy and semantic entropy use), its length in tokens, and the middle layer's
-hidden state of its last token (the sentence embedding of EigenScore, Chen et al. 2024, section 3.1).
+same-model data generator keeps the first line); an answer cannot end before it has begun. For each sample we
+keep its text, the sum of its token log-probabilities under the model (temperature 1, the quantity LN-entropy and
+semantic entropy use), its length in tokens, and the middle layer's hidden state of its last token (the sentence embedding of EigenScore, Chen et al. 2024, section 3.1).
 """
 
 from __future__ import annotations
