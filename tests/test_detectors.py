@@ -36,7 +36,9 @@ def test_calibration_is_monotone_probability(method):
 
 @pytest.mark.parametrize("name", sorted(DETECTORS))
 def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, tmp_path):
-    det = create_detector(name, scorer=scorer)
+    small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
+    det = create_detector(name, scorer=scorer, **{k: v for k, v in small.items()
+                                                  if k in DETECTORS[name].setting_names()})
     with pytest.raises(HalwatchError, match="not fitted"):
         det.score(probe[:1])
     det.fit(probe)
