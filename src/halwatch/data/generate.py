@@ -24,13 +24,14 @@ LABEL_RULE = ("TOHA App. D.1 without the LLM judge: answerable -> grounded if RO
               "grounded if the refusal phrase is given, else hallucinated")
 
 
-def _tokens(text: str) -> list[str]:
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (runs of letters, digits and underscores)."""
     return re.findall(r"\w+", text.lower())
 
 
 def rouge_l(candidate: str, reference: str) -> float:
     """ROUGE-L F1 (Lin 2004) on lower-cased word tokens: longest common subsequence, precision and recall."""
-    a, b = _tokens(candidate), _tokens(reference)
+    a, b = words(candidate), words(reference)
     if not a or not b:
         return 0.0
     prev = [0] * (len(b) + 1)

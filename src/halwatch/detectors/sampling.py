@@ -18,6 +18,7 @@ import re
 
 import numpy as np
 
+from halwatch.data.generate import words
 from halwatch.detectors.base import Detector
 from halwatch.models.forward import SignalRequest
 from halwatch.models.sampling import SamplingRequest, yes_probability
@@ -72,14 +73,10 @@ class EigenScore(_SamplingDetector):
         return np.array(out)
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"\w+", text.lower())
-
-
 def sentences(text: str) -> list[str]:
     """The response split into sentences (at ., ! or ? followed by space, and at line breaks)."""
     parts = re.split(r"(?<=[.!?])\s+|\n+", str(text))
-    return [p.strip() for p in parts if _words(p)]
+    return [p.strip() for p in parts if words(p)]
 
 
 class SelfCheckNGram(_SamplingDetector):
@@ -96,10 +93,10 @@ class SelfCheckNGram(_SamplingDetector):
             response = str(s.generations["response"])
             counts: dict[str, int] = {}
             for text in [*map(str, s.generations["texts"]), response]:
-                for w in _words(text):
+                for w in words(text):
                     counts[w] = counts.get(w, 0) + 1
             total, vocab = sum(counts.values()), len(counts)
-            per_sentence = [np.mean([-np.log((counts[w] + 1) / (total + vocab)) for w in _words(sent)])
+            per_sentence = [np.mean([-np.log((counts[w] + 1) / (total + vocab)) for w in words(sent)])
                             for sent in sentences(response)]
             out.append(float(np.mean(per_sentence)) if per_sentence else 0.0)
         return np.array(out)
@@ -110,12 +107,13 @@ class _Judged(_SamplingDetector):
 
     def __init__(self, scorer=None, calibration: str = "platt", judge: str | None = None, **settings):
         super().__init__(scorer=scorer, calibration=calibration, judge=judge, **settings)
+        self._judge = None  # the judge model, loaded on first use when it is not the scoring model
 
     def _ask(self, prompts: list[str]) -> np.ndarray:
         from halwatch.models.loader import load_model
 
         judge = self.settings["judge"]
-        if judge and getattr(self, "_judge", None) is None:
+        if judge and self._judge is None:
             self._judge = load_model(judge)
         model = self._judge if judge else self._scorer().model
         mode = self._scorer().input_mode
@@ -146,7 +144,7 @@ class SelfCheckEntailment(_Judged):
             for j, sent in enumerate(sentences(str(s.generations["response"]))):
                 for sample in map(str, s.generations["texts"]):
                     jobs.append((i, j, SUPPORT_PROMPT.format(context=sample, sentence=sent)))
-        p_yes = self._ask([p for _, _, p in jobs]) if jobs else np.zeros(0)
+        p_yes = self._ask([p for _, _, p in jobs])
         per: dict = {}
         for (i, j, _), p in zip(jobs, p_yes):
             per.setdefault(i, {}).setdefault(j, []).append(1.0 - p)

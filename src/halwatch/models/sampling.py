@@ -36,17 +36,21 @@ class SamplingRequest:
                              f"{self.top_p}")
 
 
-def _stop_ids(tokenizer, input_mode: str) -> set[int]:
-    stop = {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int)}
-    stop.discard(tokenizer.unk_token_id)
-    if input_mode == "raw":
-        cache = getattr(tokenizer, "_halwatch_newline_ids", None)
-        if cache is None:
-            vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-            cache = {i for i, t in enumerate(vocab) if t and "\n" in tokenizer.convert_tokens_to_string([t])}
-            tokenizer._halwatch_newline_ids = cache
-        stop |= cache
-    return stop
+def _end_ids(tokenizer) -> set[int]:
+    """End-of-sequence and end-of-turn token ids."""
+    ends = {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int)}
+    ends.discard(tokenizer.unk_token_id)
+    return ends
+
+
+def _newline_ids(tokenizer) -> set[int]:
+    """Ids of the tokens whose text holds a line break (computed once per tokenizer)."""
+    ids = getattr(tokenizer, "_halwatch_newline_ids", None)
+    if ids is None:
+        vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        ids = {i for i, t in enumerate(vocab) if t and "\n" in tokenizer.convert_tokens_to_string([t])}
+        tokenizer._halwatch_newline_ids = ids
+    return ids
 
 
 def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, input_mode: str) -> dict[str, np.ndarray]:
@@ -59,7 +63,8 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
 
     model, tok = scoring_model.model, scoring_model.tokenizer
     n, mid = request.n, scoring_model.n_layers // 2
-    stop = _stop_ids(tok, input_mode)
+    eos = _end_ids(tok)
+    stop = eos | _newline_ids(tok) if input_mode == "raw" else eos
     gen = torch.Generator().manual_seed(request.seed)
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([view.input_ids[: view.n_prompt]]), use_cache=True,
@@ -72,7 +77,6 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
         logprob = np.zeros(n)
         done = np.zeros(n, dtype=bool)
         started = np.zeros(n, dtype=bool)  # leading line breaks do not end a raw-mode answer
-        eos = {t for t in stop if t in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>"))}
         stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
         stop_mask[sorted(stop)] = True
         for _ in range(request.max_new_tokens):
