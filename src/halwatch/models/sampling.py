@@ -98,7 +98,7 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
                     if t not in eos:
                         tokens[b].append(t)  # the line break ends the answer; its text is cut below
                 else:
-                    started[b] = started[b] or bool(tok.decode([t]).strip())
+                    started[b] = started[b] or bool(tok.decode([t], skip_special_tokens=True).strip())
                     tokens[b].append(t)
                     fed.append(b)
             if done.all():
