@@ -12,7 +12,8 @@ from halwatch.errors import HalwatchError, InputError
 log = logging.getLogger("halwatch")
 
 
-def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool = False) -> None:
+def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool = False,
+                        mode_default: str = "raw") -> None:
     from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES
 
     p.add_argument("--model", default=None,
@@ -21,12 +22,18 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
                                                  else "; default: smollm2-135m"))
     p.add_argument("--input-mode", choices=INPUT_MODES, default=None,
                    help="raw: prompt tokens + response tokens; chat: the model's chat template"
-                        + ("; default: the artifact's" if defaults_from_artifact else "; default: raw"))
+                        + ("; default: the artifact's" if defaults_from_artifact else f"; default: {mode_default}"))
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"token cap per sample; longer prompts are cut inside the context (default "
                         f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
     p.add_argument("--batch-size", type=int, default=1, help="samples per forward pass (default 1)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the signal cache")
+
+
+def _add_question_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", help="the prompt of a single answer")
+    p.add_argument("--context", help="the retrieved context of a single answer")
+    p.add_argument("--question", help="the question of a single answer (with --context)")
 
 
 def _read_input(path: str, skip_invalid: bool):
@@ -157,6 +164,8 @@ def cmd_fit(args) -> int:
     scorer = _scorer_from(args)
     samples = _read_input(args.input, args.skip_invalid)
     samples, views = _encode_all(scorer, samples, args.skip_invalid)
+    if args.map_from:
+        return _fit_mapped(args, scorer, samples)
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled:
         raise InputError("record has no label: fitting needs 'label' on every record", unlabelled[0].where)
@@ -167,6 +176,23 @@ def cmd_fit(args) -> int:
     detector.save(args.output)
     print(f"fitted {detector.name} on {len(samples)} samples "
           f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def _fit_mapped(args, scorer, samples) -> int:
+    """``fit --map-from ARTIFACT``: carry a fitted Lookback Lens to another scoring model (no labels needed)."""
+    from halwatch.detectors import load_detector
+    from halwatch.detectors.attention import LookbackLens
+
+    source = load_detector(args.map_from)
+    if not isinstance(source, LookbackLens) or args.detector != source.name:
+        raise InputError(f"--map-from needs a lookback-lens artifact and --detector lookback-lens "
+                         f"(got {source.name} and {args.detector})")
+    mapped = LookbackLens.mapped_from(source, scorer, samples, progress=True)
+    mapped.fitted_on["map_data"] = args.describe or str(args.input)
+    mapped.save(args.output)
+    print(f"mapped {source.name} from {source.identity.get('scoring_model')} to {scorer.model.name} on "
+          f"{len(samples)} samples -> {args.output}", file=sys.stderr)
     return 0
 
 
@@ -191,6 +217,62 @@ def cmd_data(args) -> int:
     write_jsonl(args.output, (s.to_dict() for s in samples))
     print(f"wrote {len(samples)} samples ({sum(s.label for s in samples)} hallucinated) -> {args.output}",
           file=sys.stderr)
+    return 0
+
+
+#: ``--guide`` short names: the shipped artifacts of these methods for the input mode (``NAME`` or ``NAME-chat``).
+GUIDES = {"lookback": "lookback-lens", "toha": "toha"}
+
+
+def _guide(args):
+    """The guide detector and the scorer it runs on (greedy decoding: no detector)."""
+    from halwatch.detectors import DETECTORS, read_artifact
+
+    mode = args.input_mode
+    if not args.guide:
+        return None, _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": mode or "chat"}))
+    name = args.guide
+    if name in GUIDES:
+        mode = mode or "chat"
+        name = GUIDES[name] + ("-chat" if mode == "chat" else "")
+    artifact = read_artifact(name)  # an artifact file's own input mode unless --input-mode is given
+    scorer = _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": mode}), artifact)
+    return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer), scorer
+
+
+def cmd_generate(args) -> int:
+    from halwatch.data.generate import generate_file
+    from halwatch.sample import Sample
+
+    single = args.prompt is not None or args.question is not None
+    if single == bool(args.input):
+        raise InputError("give either --input FILE with --output, or --prompt (or --context and --question)")
+    if args.input and not args.output:
+        raise InputError("--input needs --output FILE")
+    detector, scorer = _guide(args)
+    options = {"max_new_tokens": args.max_new_tokens, "n_candidates": args.candidates, "chunk": args.chunk,
+               "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    if single:
+        from halwatch.models.guided import generate
+
+        sample = Sample(response="-", prompt=args.prompt or "", context=args.context, question=args.question)
+        found = generate(scorer.model, sample.prompt, scorer.input_mode, detector, max_tokens=scorer.max_tokens,
+                         **options)
+        print(json.dumps({"response": found.text, "guide": detector.name if detector else "greedy",
+                          "n_tokens": len(found.token_ids), "chunk_scores": [round(x, 4) for x in found.chunk_scores],
+                          "seconds": round(found.seconds, 3)}, ensure_ascii=False, indent=1))
+        return 0
+    from halwatch.data.jsonl import read_jsonl
+
+    skipped = []
+    samples = read_jsonl(args.input, skip_invalid=args.skip_invalid, on_skip=skipped.append, prompts_only=True)
+    for err in skipped:
+        log.warning("skipped %s", err)
+    if args.limit:
+        samples = samples[: args.limit]
+    stats = generate_file(scorer, samples, args.output, detector, options)
+    print(f"{stats['answered']} answers ({stats['labelled']} labelled, {stats['hallucinated']} hallucinated), "
+          f"{stats['seconds_per_answer']:.2f} s per answer -> {args.output}", file=sys.stderr)
     return 0
 
 
@@ -243,9 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="where to write the results (JSONL; - for standard output)")
     p.add_argument("--detector", default="default",
                    help="shipped artifact name or artifact file (default: the shipped 'default')")
-    p.add_argument("--prompt", help="the prompt of a single answer")
-    p.add_argument("--context", help="the retrieved context of a single answer")
-    p.add_argument("--question", help="the question of a single answer")
+    _add_question_options(p)
     p.add_argument("--response", help="the answer to score")
     p.add_argument("--id", default="1", help="id of the single answer (default 1)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
@@ -258,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--map-from", metavar="ARTIFACT",
+                   help="lookback-lens only: no fitting; map this artifact's detector (fitted with another scoring "
+                        "model) onto --model's heads with a linear map fitted on --input (labels not needed)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p)
@@ -280,9 +363,31 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--output", required=True, help="JSONL to write or resume (dropped answers: OUTPUT.dropped.jsonl)")
     pg.add_argument("--seed", type=int, default=0, help="seed of the question sample (default 0)")
     pg.add_argument("--title", nargs="+", help="only questions of these SQuAD article titles")
-    _add_scorer_options(pg)
-    pg.set_defaults(input_mode=None)
+    _add_scorer_options(pg, mode_default="chat")
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("generate", help="answer prompts with the scoring model, greedy or guided by a detector",
+                       description="Answer one prompt (--prompt, or --context and --question) or every record of a "
+                                   "JSONL file (--input/--output, resumed by id) with the scoring model. With "
+                                   "--guide, each step samples --candidates continuations of --chunk tokens and "
+                                   "keeps the one the detector finds least hallucinated (Lookback Lens Guided "
+                                   "Decoding); without it, greedy decoding. Records whose meta has SQuAD answers "
+                                   "are labelled with the same-model labelling rule.")
+    p.add_argument("--guide", help="lookback, toha (the shipped artifacts for the input mode) or an artifact file "
+                                   "of any detector; default: none (greedy)")
+    p.add_argument("--input", help="JSONL with prompt (or context and question) per record")
+    p.add_argument("--output", help="JSONL to write, or to resume")
+    p.add_argument("--limit", type=int, help="only the first N records of --input")
+    _add_question_options(p)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="answer length cap in tokens (default 64)")
+    p.add_argument("--candidates", type=int, default=8, help="guided: candidates per step (default 8)")
+    p.add_argument("--chunk", type=int, default=8, help="guided: tokens per candidate chunk (default 8)")
+    p.add_argument("--temperature", type=float, default=1.0, help="guided: sampling temperature (default 1.0)")
+    p.add_argument("--top-p", type=float, default=0.95, help="guided: nucleus sampling mass (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the candidate sampling (default 0)")
+    p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
+    _add_scorer_options(p, mode_default="chat (with an artifact file: the artifact's)")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",
                        description="`halwatch bench --protocol P --detectors ... --datasets ...` fits and evaluates "
@@ -303,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP + "; applies to every detector "
                                                                                   "that has the setting")
+    p.add_argument("--map-from-model", metavar="MODEL",
+                   help="also Lookback Lens cross-model transfer: fitted with MODEL, mapped linearly onto --model's "
+                        "heads (official split; rows named lookback-lens<-MODEL)")
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="speed: sequence lengths")
     p.add_argument("--repeats", type=int, default=3, help="speed: timed repeats per setting (median reported)")
     _add_scorer_options(p)

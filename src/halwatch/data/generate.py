@@ -77,6 +77,18 @@ def generate_answer(scoring_model, prompt: str, input_mode: str, max_new_tokens:
     return text.split("\n")[0].strip() if input_mode == "raw" else text
 
 
+def _written(paths, key) -> dict:
+    """Records already in the output files (for resuming), by ``key(record)``."""
+    done = {}
+    for path in paths:
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    done[key(record)] = record
+    return done
+
+
 def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=None, progress: bool = True) -> dict:
     """Answer ``n`` random SQuAD 2.0 questions with the scorer's model and label them; resumes from ``output``."""
     import random
@@ -87,13 +99,7 @@ def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=Non
     order = random.Random(seed).sample(range(len(questions)), min(n, len(questions)))
     output = Path(output)
     dropped_path = output.with_name(output.name + ".dropped.jsonl")
-    done = {}
-    for path in (output, dropped_path):
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    done[record["meta"]["question_id"]] = record
+    done = _written((output, dropped_path), lambda r: r["meta"]["question_id"])
     stats = {"answered": 0, "kept": 0, "dropped": 0, "hallucinated": 0}
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as kept, open(dropped_path, "a", encoding="utf-8") as dropped, \
@@ -119,4 +125,46 @@ def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=Non
             stats["kept" if label is not None else "dropped"] += 1
             stats["hallucinated"] += int(label == 1)
             bar.update(1)
+    return stats
+
+
+def generate_file(scorer, samples, output: str | Path, detector=None, options: dict | None = None,
+                  progress: bool = True) -> dict:
+    """Answer the prompt of every sample with the scorer's model (:func:`halwatch.models.guided.generate`,
+    guided by ``detector`` or greedy), appending one record per answer to ``output`` (resumed by id). A sample
+    whose ``meta`` has SQuAD's ``answers`` and ``is_impossible`` is labelled with the rule of this module (label
+    ``null`` where the rule drops it). Returns counts and the mean seconds per answer."""
+    from halwatch.models.guided import generate
+
+    output = Path(output)
+    done = _written((output,), lambda r: r["id"])
+    stats = {"answered": 0, "labelled": 0, "hallucinated": 0, "seconds": 0.0}
+    guide = detector.name if detector is not None else "greedy"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "a", encoding="utf-8") as out, \
+            tqdm(total=len(samples), disable=not progress, desc=f"generate ({guide})", unit="answer") as bar:
+        for s in samples:
+            if s.id not in done:
+                found = generate(scorer.model, s.prompt, scorer.input_mode, detector, max_tokens=scorer.max_tokens,
+                                 where=s.where, **(options or {}))
+                record = {"id": s.id, **{k: v for k, v in s.to_dict().items() if k in ("prompt", "context", "question")},
+                          "response": found.text,
+                          "meta": {**s.meta, "generator": scorer.model.name, "input_mode": scorer.input_mode,
+                                   "guide": guide, "options": options or {}, "n_tokens": len(found.token_ids),
+                                   "seconds": round(found.seconds, 3)}}
+                if "answers" in s.meta and "is_impossible" in s.meta:
+                    label, score = (label_answer(found.text, s.meta["answers"], s.meta["is_impossible"])
+                                    if found.text else (None, 0.0))
+                    record["label"] = label
+                    record["meta"] |= {"rouge_l": round(score, 4), "label_rule": LABEL_RULE}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.flush()
+                done[s.id] = record
+            record = done[s.id]
+            stats["answered"] += 1
+            stats["labelled"] += int(record.get("label") is not None)
+            stats["hallucinated"] += int(record.get("label") == 1)
+            stats["seconds"] += record["meta"].get("seconds", 0.0)
+            bar.update(1)
+    stats["seconds_per_answer"] = stats.pop("seconds") / max(stats["answered"], 1)
     return stats

@@ -21,12 +21,18 @@ from halwatch.sample import Sample
 FIELDS = {"id", "prompt", "context", "question", "response", "label", "spans", "context_span", "meta"}
 
 
-def sample_from_record(record, where: str) -> Sample:
+#: Response of records read with ``prompts_only`` (answers still to be generated): a placeholder, never scored.
+NO_RESPONSE = "(to be generated)"
+
+
+def sample_from_record(record, where: str, prompts_only: bool = False) -> Sample:
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", where)
     rid = record.get("id")
     if rid is not None:
         where = f"{where} (id={rid})"
+    if prompts_only:
+        record = {**record, "response": NO_RESPONSE}
     if "response" not in record:
         raise InputError("missing field 'response'", where)
     has_qa = "context" in record and "question" in record
@@ -61,9 +67,10 @@ def sample_from_record(record, where: str) -> Sample:
         raise InputError(exc.problem, where) from None
 
 
-def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None) -> list[Sample]:
+def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False) -> list[Sample]:
     """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
-    ``skip_invalid`` is reported through ``on_skip(error)`` and skipped."""
+    ``skip_invalid`` is reported through ``on_skip(error)`` and skipped. ``prompts_only``: records need no
+    ``response`` (any is ignored; the samples carry :data:`NO_RESPONSE`), for generating answers."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -88,7 +95,7 @@ def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None) -> li
                 raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", where) from None
             if isinstance(record, dict) and record.get("id") is None:
                 record["id"] = str(lineno)
-            samples.append(sample_from_record(record, where))
+            samples.append(sample_from_record(record, where, prompts_only))
         except InputError as exc:
             if not skip_invalid:
                 raise

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.base import Detector
-from halwatch.detectors.calibration import fit_logistic, logistic_logodds
+from halwatch.detectors.calibration import best_f1_threshold, fit_logistic, logistic_logodds
 from halwatch.detectors.heads import select_heads
 from halwatch.models.forward import SignalRequest
+from halwatch.signals.lookback import window_means
 
 
 def _all_heads(detector):
@@ -24,33 +25,134 @@ class LookbackLens(Detector):
     """Lookback Lens (Chuang et al. 2024, section 2): the time-mean lookback ratio of every head, concatenated over
     layers and heads, standardised, into a logistic regression (max_iter 1000). Label 1 = hallucinated (the
     reference code's label 1 meant "not hallucinated"; here the classifier predicts hallucination directly).
-    The raw score is the classifier's log-odds; token score: ``1 - `` the mean lookback ratio over heads."""
+    The raw score is the classifier's log-odds.
+
+    Span level (section 2.2): when the probe data has gold spans, a second logistic regression is fitted on the
+    lookback ratios averaged over sliding windows of ``window`` response tokens (``window_stride`` apart), a window
+    being hallucinated when it overlaps a gold span. A token's score is then the mean probability of the windows
+    (every start, stride 1) that cover it, and spans are the runs of tokens above the token threshold. Without gold
+    spans the token score is ``1 -`` the mean lookback ratio over heads. The window classifier also scores a
+    candidate chunk in guided decoding (section 3, :meth:`continuation_scores`)."""
 
     name = "lookback-lens"
     citation = "Chuang et al., EMNLP 2024 (arXiv:2407.07071)"
 
-    def __init__(self, scorer=None, calibration: str = "platt", C: float = 1.0, **settings):
-        super().__init__(scorer=scorer, calibration=calibration, C=C, **settings)
+    def __init__(self, scorer=None, calibration: str = "platt", C: float = 1.0, window: int = 8,
+                 window_stride: int = 4, **settings):
+        super().__init__(scorer=scorer, calibration=calibration, C=C, window=window, window_stride=window_stride,
+                         **settings)
         self.model: dict = {}
+        self.window_model: dict | None = None
+        self.window_threshold: float | None = None
+        self.feature_map: dict | None = None  # set by mapped_from (cross-model transfer)
 
     def request(self):
         return SignalRequest(heads=_all_heads(self), reducers=("lookback",))
+
+    def _features(self, x) -> np.ndarray:
+        """Per-head features of this scoring model, mapped into the source model's heads for a transferred
+        detector (section 4, cross-model transfer)."""
+        x = np.asarray(x, dtype=float)
+        if self.feature_map is None:
+            return x
+        return x @ np.array(self.feature_map["coef"]) + np.array(self.feature_map["intercept"])
 
     def fit_method(self, signals, labels):
         self.model = fit_logistic(mean_lookback(signals, _all_heads(self)), labels, self.settings["C"])
 
     def raw_scores(self, signals):
-        return logistic_logodds(self.model, mean_lookback(signals, _all_heads(self)))
+        return logistic_logodds(self.model, self._features(mean_lookback(signals, _all_heads(self))))
+
+    def _windows(self, sig, stride=None):
+        ratio = sig.head_values("lookback.ratio", _all_heads(self))
+        starts, x = window_means(ratio, self.settings["window"], stride or self.settings["window_stride"])
+        return starts, self._features(x)
+
+    @classmethod
+    def mapped_from(cls, source: "LookbackLens", scorer, samples, alpha: float = 1.0,
+                    progress: bool = False) -> "LookbackLens":
+        """Cross-model transfer (Lookback Lens section 4): a linear regression maps this ``scorer``'s per-head
+        features to the heads of the fitted ``source`` detector's model, fitted on both models' time-mean lookback
+        ratios of the same (unlabelled) ``samples``; the source's classifiers, calibration and thresholds are then
+        used unchanged, so no labels of the new model are needed. Ridge regression (``alpha``) on standardised
+        features, because a model may have more heads than there are samples."""
+        from sklearn.linear_model import Ridge
+
+        source._require_fitted()
+        target = cls(scorer=scorer, **source.settings)
+        x_source = mean_lookback(source._signals(samples, progress), _all_heads(source))
+        x_target = mean_lookback(target._signals(samples, progress), _all_heads(target))
+        mean, std = x_target.mean(axis=0), x_target.std(axis=0) + 1e-8
+        ridge = Ridge(alpha=alpha).fit((x_target - mean) / std, x_source)
+        coef = ridge.coef_.T / std[:, None]  # [target heads, source heads] on raw features
+        target.feature_map = {"coef": coef.tolist(), "intercept": (ridge.intercept_ - mean @ coef).tolist(),
+                              "source_model": source.identity.get("scoring_model"), "n_samples": len(samples),
+                              "alpha": alpha}
+        target.model, target.window_model = source.model, source.window_model
+        target.window_threshold = source.window_threshold
+        target.calibrator, target.threshold = source.calibrator, source.threshold
+        target.token_threshold = source.token_threshold
+        target.identity = scorer.identity()
+        target.fitted_on = {**source.fitted_on, "mapped_from": source.identity.get("scoring_model"),
+                            "map_samples": len(samples)}
+        return target
+
+    def window_data(self, signals, views) -> tuple[np.ndarray, np.ndarray]:
+        """Features ``[W, heads]`` and labels ``[W]`` of the sliding windows of every response: a window is
+        hallucinated (1) when one of its tokens overlaps a gold span."""
+        feats, labels = [], []
+        for sig, view in zip(signals, views):
+            starts, x = self._windows(sig)
+            tokens = view.token_labels()
+            feats.append(x)
+            labels += [int(tokens[s:s + self.settings["window"]].any()) for s in starts]
+        return np.concatenate(feats), np.array(labels)
+
+    def fit_spans(self, signals, views):
+        x, y = self.window_data(signals, views)
+        if len(np.unique(y)) < 2:
+            return
+        self.window_model = fit_logistic(x, y, self.settings["C"])
+        self.window_threshold = best_f1_threshold(self.window_probabilities(x), y)
+
+    def window_probabilities(self, features) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-logistic_logodds(self.window_model, features)))
 
     def token_scores(self, signals):
         heads = _all_heads(self)
-        return [1.0 - s.head_values("lookback.ratio", heads).mean(axis=0).astype(float) for s in signals]
+        if self.window_model is None:
+            return [1.0 - s.head_values("lookback.ratio", heads).mean(axis=0).astype(float) for s in signals]
+        out = []
+        for sig in signals:
+            starts, x = self._windows(sig, stride=1)
+            probs = self.window_probabilities(x)
+            total, count = np.zeros(sig.n_response), np.zeros(sig.n_response)
+            for s, p in zip(starts, probs):
+                total[s:s + self.settings["window"]] += p
+                count[s:s + self.settings["window"]] += 1
+            out.append(total / np.maximum(count, 1))
+        return out
+
+    def continuation_scores(self, signals, start: int) -> np.ndarray:
+        """Guided decoding (section 3): the window classifier on the lookback ratios of the candidate chunk
+        (response tokens from ``start``; the last token for a candidate that only ends the answer); the
+        response-level classifier when no window classifier was fitted."""
+        if self.window_model is None:
+            return self.raw_scores(signals)
+        heads = _all_heads(self)
+        x = np.stack([s.head_values("lookback.ratio", heads)[:, min(start, s.n_response - 1):].mean(axis=1)
+                      for s in signals])
+        return logistic_logodds(self.window_model, self._features(x))
 
     def state(self):
-        return {"model": self.model}
+        return {"model": self.model, "window_model": self.window_model, "window_threshold": self.window_threshold,
+                "feature_map": self.feature_map}
 
     def set_state(self, state):
         self.model = state["model"]
+        self.window_model = state.get("window_model")
+        self.window_threshold = state.get("window_threshold")
+        self.feature_map = state.get("feature_map")
 
 
 class AttentionRatio(Detector):

@@ -72,6 +72,14 @@ class Detector:
     def fit_method(self, signals: list[Signals], labels: np.ndarray) -> None:
         """The method's own supervised step (head selection, a classifier ...); nothing for unsupervised scores."""
 
+    def fit_spans(self, signals: list[Signals], views: list[TokenView]) -> None:
+        """The method's span-level supervised step on probe data with gold spans; nothing by default."""
+
+    def continuation_scores(self, signals: list[Signals], start: int) -> np.ndarray:
+        """Raw scores of candidate continuations whose new tokens begin at response token ``start`` (guided
+        decoding): by default the score of the whole partial response."""
+        return self.raw_scores(signals)
+
     def state(self) -> dict:
         return {}
 
@@ -101,6 +109,8 @@ class Detector:
         if len(np.unique(labels)) < 2:
             raise InputError("the probe data needs both hallucinated (1) and grounded (0) samples")
         self.fit_method(signals, labels)
+        if views is not None and any(v.sample.spans for v in views):
+            self.fit_spans(signals, views)
         raw = self.raw_scores(signals)
         self.calibrator.fit(raw, labels)
         self.threshold = best_f1_threshold(self.calibrator.transform(raw), labels)

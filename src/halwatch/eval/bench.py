@@ -38,6 +38,12 @@ def run_bench(args, command: str) -> None:
     seeds = list(range(args.seeds))
     for protocol in args.protocol:
         bench.run(protocol, args.datasets, seeds=seeds, probe_size=args.probe_size)
+    if args.map_from_model:
+        from halwatch.scorer import Scorer
+
+        source = Scorer(model=args.map_from_model, input_mode=scorer.input_mode, max_tokens=scorer.max_tokens,
+                        cache=scorer.cache is not None and scorer.cache.root, batch_size=scorer.batch_size)
+        bench.run_mapped(source, args.datasets, seeds=seeds, probe_size=args.probe_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.sweeps:

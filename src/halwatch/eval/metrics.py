@@ -30,3 +30,17 @@ def evaluate(labels, probs, threshold: float) -> dict:
         "n_test": int(len(labels)),
         "n_pos": int(labels.sum()),
     }
+
+
+def span_scores(predicted, gold) -> dict:
+    """Character-level precision, recall and F1 of predicted spans against gold spans, pooled over responses
+    (micro average); each argument is a list (one per response) of ``{"start", "end"}`` spans."""
+    tp = n_pred = n_gold = 0
+    for pred_spans, gold_spans in zip(predicted, gold):
+        p = {c for s in pred_spans for c in range(s["start"], s["end"])}
+        g = {c for s in gold_spans for c in range(s["start"], s["end"])}
+        tp, n_pred, n_gold = tp + len(p & g), n_pred + len(p), n_gold + len(g)
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+    return {"span_precision": precision, "span_recall": recall, "span_f1": f1}

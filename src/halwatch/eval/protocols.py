@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from halwatch.errors import InputError
-from halwatch.eval.metrics import evaluate
+from halwatch.eval.metrics import evaluate, span_scores
 from halwatch.models.forward import SignalRequest
 from halwatch.signals import whitebox_request
 
@@ -134,6 +134,23 @@ class Bench:
                                    **{**self.options.get(detector_name, {}), **(options or {})})
         return self.data(name, template.request(), needed)
 
+    @staticmethod
+    def span_metrics(det, signals, views) -> dict:
+        """Span-level figures of a fitted detector on test responses that have gold spans: character-level
+        precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector with a window classifier (Lookback
+        Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``)."""
+        if det.token_threshold is None or not any(v.sample.spans for v in views):
+            return {}
+        gold = [v.sample.spans for v in views]
+        out = span_scores([det.spans_from(v, s) for v, s in zip(views, signals)], gold)
+        everything = [[{"start": 0, "end": len(v.sample.response)}] for v in views]  # flag every character
+        out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
+        if getattr(det, "window_model", None) is not None:
+            x, y = det.window_data(signals, views)
+            found = evaluate(y, det.window_probabilities(x), det.window_threshold)
+            out |= {f"window_{k}": found[k] for k in ("auroc", "auc_pr", "f1", "trivial_f1", "n_test")}
+        return out
+
     def fit_score(self, detector_name, train, test, options=None):
         """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals."""
         from halwatch.detectors import create_detector
@@ -176,9 +193,34 @@ class Bench:
                     det, probs = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
                         [signals[i] for i in test], options)
+                    spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test])
                     self._record(name, generator, protocol, seed, det_name, labels[test], probs, det.threshold,
-                                 time.perf_counter() - t0, extra,
+                                 time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
+        return self.rows
+
+    def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
+        """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is
+        fitted with ``source_scorer`` on the probe, a linear map from this bench's scoring model's heads to the
+        source's is fitted on the same probe answers (no labels), and the mapped detector scores the test split
+        with this bench's model. Rows are named ``lookback-lens<-SOURCE``."""
+        from halwatch.detectors.attention import LookbackLens
+
+        source = Bench(source_scorer, ["lookback-lens"], progress=self.progress)
+        name_from = f"lookback-lens<-{source_scorer.model.name}"
+        for name in datasets:
+            samples = self.data(name, needed=())[0]
+            for seed, probe, test in make_splits("ragtruth-official", samples, list(seeds), probe_size):
+                _, labels, views, signals, generator = self.data(name, needed=np.concatenate([probe, test]))
+                _, s_labels, s_views, s_signals, _ = source.data(name, needed=probe)
+                t0 = time.perf_counter()
+                fitted = LookbackLens(scorer=source_scorer).fit_signals([s_signals[i] for i in probe],
+                                                                         s_labels[probe], [s_views[i] for i in probe])
+                mapped = LookbackLens.mapped_from(fitted, self.scorer, [samples[i] for i in probe])
+                probs = mapped.score_signals([signals[i] for i in test])
+                spans = self.span_metrics(mapped, [signals[i] for i in test], [views[i] for i in test])
+                self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], probs,
+                             mapped.threshold, time.perf_counter() - t0, spans, probe_size=probe_size)
         return self.rows
 
     def _transfer(self, source, target, seeds, probe_size, options, extra):
@@ -192,13 +234,15 @@ class Bench:
             probe = _subset(s_pool, s_labels, probe_size, seed)
             for det_name in self.detectors:
                 _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
-                _, t_labels, _, t_signals, generator = self._detector_data(target, det_name, options, t_test)
+                _, t_labels, t_views, t_signals, generator = self._detector_data(target, det_name, options, t_test)
                 t0 = time.perf_counter()
                 det, probs = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
                     [t_signals[i] for i in t_test], options)
+                spans = self.span_metrics(det, [t_signals[i] for i in t_test], [t_views[i] for i in t_test])
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], probs,
-                             det.threshold, time.perf_counter() - t0, extra, probe_size=probe_size)
+                             det.threshold, time.perf_counter() - t0, {**(extra or {}), **spans},
+                             probe_size=probe_size)
 
 
 def save_results(out_dir, rows, predictions) -> None:

@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 
 METRICS = ("auroc", "auc_pr", "f1", "accuracy", "trivial_f1")
+#: Span-level figures, present for detectors with token scores on data with gold spans (Bench.span_metrics).
+SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "window_auroc", "window_auc_pr", "window_f1",
+                "window_trivial_f1")
 
 
 def _group(rows, *keys):
@@ -184,6 +187,12 @@ def write_report(out_dir) -> Path:
         lines += [f"## {protocol}, probe {probe}, input mode {mode} ({len(seeds)} seeds/folds)", ""]
         for metric in METRICS:
             lines += [f"**{metric}** (mean ± std over seeds)", "", mean_std_table(group, metric), ""]
+        for metric in SPAN_METRICS:
+            having = [r for r in group if metric in r]
+            if having:
+                what = ("character level, flagged spans vs gold spans" if metric.startswith("span")
+                        else "over the sliding windows of the test responses")
+                lines += [f"**{metric}** ({what}; mean ± std over seeds)", "", mean_std_table(having, metric), ""]
         avg, tests = ranks_and_tests(group)
         if avg:
             lines += ["**Average AUROC rank** over (dataset, seed) cases (1 = best): "

@@ -160,8 +160,9 @@ class Signals:
 class _Capture:
     """Collects attention rows of chosen heads while the model runs, one batch at a time."""
 
-    def __init__(self, request: SignalRequest, views: list[TokenView]):
+    def __init__(self, request: SignalRequest, views: list[TokenView], offset: int = 0):
         self.request = request
+        self.offset = offset  # absolute position of the first query (the length of a cached prefix)
         self.by_layer: dict[int, list[int]] = {}
         for layer, head in request.heads:
             self.by_layer.setdefault(layer, []).append(head)
@@ -183,17 +184,19 @@ class _Capture:
         k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
+        off = self.offset
         for b in range(query.shape[0]):
             start = 0 if self.request.attention_from == "all" else self.n_prompt[b]
             end = self.lengths[b]
-            scores = torch.matmul(q_sel[b, :, start:end].float(), k_sel[b, :, :end].float().transpose(-1, -2))
+            scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
+                                  k_sel[b, :, :end].float().transpose(-1, -2))
             scores = scores * scaling
             if attention_mask is None:
                 rows = torch.arange(start, end, device=scores.device)[:, None]
                 cols = torch.arange(end, device=scores.device)[None, :]
                 scores = scores.masked_fill(cols > rows, float("-inf"))
             else:
-                mask = attention_mask[b, :, start:end, :end]
+                mask = attention_mask[b, :, start - off:end - off, :end]
                 if mask.dtype == torch.bool:
                     scores = scores.masked_fill(~mask, float("-inf"))
                 else:
@@ -239,50 +242,70 @@ def install(model) -> None:
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
-def run(scoring_model, views: list[TokenView], request: SignalRequest) -> list[Signals]:
-    """Run one batch (right-padded) and return the requested signals of each sample."""
+def crop_cache(cache, length: int) -> None:
+    """Cut a key/value cache back to its first ``length`` tokens."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None) -> list[Signals]:
+    """Run one batch (right-padded) and return the requested signals of each sample.
+
+    ``past``: ``(cache, P)``, a key/value cache of the first ``P`` input tokens, which every view shares, with one
+    row per view (guided decoding scores its candidates this way); only the tokens after it are run. ``P`` must be
+    below every view's ``n_prompt`` (signals begin at the last prompt token) and below ``P`` when
+    ``attention_from="all"`` is asked. The cache is left with ``P`` tokens.
+    """
     import torch
 
     model = scoring_model.model
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         install(model)
+    cache, offset = past if past is not None else (None, 0)
+    if offset and (offset >= min(v.n_prompt for v in views) or request.attention_from == "all"):
+        raise ValueError(f"a cached prefix of {offset} tokens leaves no room for the signals asked for")
     lengths = [len(v.input_ids) for v in views]
     longest = max(lengths)
     pad = scoring_model.tokenizer.pad_token_id or 0
-    ids = torch.full((len(views), longest), pad, dtype=torch.long)
+    ids = torch.full((len(views), longest - offset), pad, dtype=torch.long)
     mask = torch.zeros((len(views), longest), dtype=torch.long)
     for b, v in enumerate(views):
-        ids[b, : lengths[b]] = torch.tensor(v.input_ids)
+        ids[b, : lengths[b] - offset] = torch.tensor(v.input_ids[offset:])
         mask[b, : lengths[b]] = 1
     # logits only where they are used: the positions that predict response tokens
     first_needed = min(v.n_prompt for v in views) - 1
     keep = longest - first_needed if request.token_stats else 1
-    capture = _Capture(request, views) if request.heads else None
+    capture = _Capture(request, views, offset) if request.heads else None
     token = _ACTIVE.set(capture)
     try:
         with torch.inference_mode():
             out = model(
                 input_ids=ids,
-                attention_mask=mask if len(views) > 1 else None,
+                attention_mask=mask if len(views) > 1 or min(lengths) < longest else None,
+                past_key_values=cache,
                 output_hidden_states=bool(request.hidden_layers),
                 logits_to_keep=keep,
-                use_cache=False,
+                use_cache=cache is not None,
             )
     finally:
         _ACTIVE.reset(token)
+        if cache is not None:
+            crop_cache(cache, offset)
     results = []
     for b, v in enumerate(views):
         sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
                       hidden_layers=request.hidden_layers)
         if request.token_stats:
-            offset = longest - keep  # absolute position of out.logits[:, 0]
-            logits = out.logits[b, v.n_prompt - 1 - offset : lengths[b] - 1 - offset].float()
+            first = longest - keep  # absolute position of out.logits[:, 0]
+            logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].float()
             logp = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(v.input_ids[v.n_prompt :])
             sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
             sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
         if request.hidden_layers:
-            rows = [out.hidden_states[i][b, v.n_prompt : lengths[b]].float() for i in request.hidden_layers]
+            rows = [out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].float()
+                    for i in request.hidden_layers]
             if request.hidden_pool == "mean_last":
                 rows = [torch.stack([r.mean(0), r[-1]]) for r in rows]
             sig.hidden = np.stack([r.numpy() for r in rows])

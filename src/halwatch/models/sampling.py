@@ -53,6 +53,74 @@ def _newline_ids(tokenizer) -> set[int]:
     return ids
 
 
+def stop_ids(tokenizer, input_mode: str) -> tuple[set[int], set[int]]:
+    """``(end, stop)``: the end-of-sequence/turn ids, and the ids that end an answer once it has begun (the ends,
+    plus line breaks in ``raw`` mode)."""
+    eos = _end_ids(tokenizer)
+    return eos, (eos | _newline_ids(tokenizer) if input_mode == "raw" else eos)
+
+
+def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, gen, temperature: float = 1.0,
+                top_p: float = 1.0, started=None, greedy: bool = False, on_step=None) -> dict:
+    """Continue ``len(logits)`` sequences from a key/value ``cache`` (one row each) for at most ``steps`` tokens.
+
+    ``logits`` [n, V]: the next-token logits after the cached tokens. Tokens are drawn by temperature and nucleus
+    sampling with the generator ``gen`` (or argmax when ``greedy``). A sequence ends at an end token, or at a stop
+    token (a line break in raw mode) once it has visible text (``started``, per row, carries over between calls);
+    an answer cannot end before it has begun. Each drawn token that does not end its sequence is fed back through
+    the model; ``on_step(out, fed_rows)`` sees each such forward output.
+
+    Returns ``tokens`` (per row, the stop line break kept, the end token not), ``done`` [n], ``started`` [n] and
+    ``logprob`` [n] (sum of token log-probabilities at temperature 1).
+    """
+    import torch
+
+    n = logits.shape[0]
+    eos, stop = stop_ids(tokenizer, input_mode)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    logprob = np.zeros(n)
+    done = np.zeros(n, dtype=bool)
+    started = np.zeros(n, dtype=bool) if started is None else np.array(started, dtype=bool)
+    stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    stop_mask[sorted(stop)] = True
+    for _ in range(steps):
+        logp = torch.log_softmax(logits, dim=-1)
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > top_p
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        if not started.all():  # an answer does not end before it has begun
+            probs[torch.from_numpy(~started)[:, None] & stop_mask[None, :]] = 0.0
+        nxt = probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=gen)[:, 0]
+        fed = []
+        for b in np.flatnonzero(~done):
+            t = int(nxt[b])
+            logprob[b] += float(logp[b, t])
+            if t in stop and (t in eos or started[b]):
+                done[b] = True
+                if t not in eos:
+                    tokens[b].append(t)  # the line break ends the answer; callers cut its text
+            else:
+                started[b] = started[b] or bool(tokenizer.decode([t], skip_special_tokens=True).strip())
+                tokens[b].append(t)
+                fed.append(b)
+        if done.all():
+            break
+        out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True,
+                    output_hidden_states=on_step is not None)
+        logits = out.logits[:, -1].float()
+        if on_step is not None and fed:
+            on_step(out, fed)
+    return {"tokens": tokens, "done": done, "started": started, "logprob": logprob}
+
+
+def answer_text(tokenizer, token_ids, input_mode: str) -> str:
+    """The text of generated tokens: special tokens dropped, the first line only in ``raw`` mode."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return (text.strip().split("\n")[0] if input_mode == "raw" else text).strip()
+
+
 def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, input_mode: str) -> dict[str, np.ndarray]:
     """``request.n`` answers sampled from the scoring model for the prompt of ``view``.
 
@@ -63,56 +131,23 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
 
     model, tok = scoring_model.model, scoring_model.tokenizer
     n, mid = request.n, scoring_model.n_layers // 2
-    eos = _end_ids(tok)
-    stop = eos | _newline_ids(tok) if input_mode == "raw" else eos
     gen = torch.Generator().manual_seed(request.seed)
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([view.input_ids[: view.n_prompt]]), use_cache=True,
                     output_hidden_states=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].float().repeat(n, 1)
         embedding = out.hidden_states[mid][:, -1].float().repeat(n, 1)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprob = np.zeros(n)
-        done = np.zeros(n, dtype=bool)
-        started = np.zeros(n, dtype=bool)  # leading line breaks do not end a raw-mode answer
-        stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
-        stop_mask[sorted(stop)] = True
-        for _ in range(request.max_new_tokens):
-            logp = torch.log_softmax(logits, dim=-1)
-            probs = torch.softmax(logits / request.temperature, dim=-1)
-            if request.top_p < 1:
-                sorted_p, order = probs.sort(dim=-1, descending=True)
-                drop = sorted_p.cumsum(-1) - sorted_p > request.top_p
-                probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-            if not started.all():  # an answer does not end before it has begun
-                probs[torch.from_numpy(~started)[:, None] & stop_mask[None, :]] = 0.0
-            nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
-            fed = []
-            for b in np.flatnonzero(~done):
-                t = int(nxt[b])
-                logprob[b] += float(logp[b, t])
-                if t in stop and (t in eos or started[b]):
-                    done[b] = True
-                    if t not in eos:
-                        tokens[b].append(t)  # the line break ends the answer; its text is cut below
-                else:
-                    started[b] = started[b] or bool(tok.decode([t], skip_special_tokens=True).strip())
-                    tokens[b].append(t)
-                    fed.append(b)
-            if done.all():
-                break
-            out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True, output_hidden_states=True)
-            logits = out.logits[:, -1].float()
-            if fed:
-                embedding[fed] = out.hidden_states[mid][fed, -1].float()
-    texts = []
-    for toks in tokens:
-        text = tok.decode(toks, skip_special_tokens=True)
-        texts.append((text.strip().split("\n")[0] if input_mode == "raw" else text).strip())
+
+        def keep_embedding(step_out, fed):
+            embedding[fed] = step_out.hidden_states[mid][fed, -1].float()
+
+        drawn = draw_tokens(model, tok, cache, out.logits[:, -1].float().repeat(n, 1), request.max_new_tokens,
+                            input_mode, gen, request.temperature, request.top_p, on_step=keep_embedding)
+    tokens = drawn["tokens"]
     response = tok.decode(view.input_ids[view.n_prompt:], skip_special_tokens=True)
-    return {"texts": np.array(texts, dtype=str), "logprob": logprob.astype(np.float32),
+    return {"texts": np.array([answer_text(tok, t, input_mode) for t in tokens], dtype=str),
+            "logprob": drawn["logprob"].astype(np.float32),
             "length": np.array([max(1, len(t)) for t in tokens], dtype=np.int32),
             "embedding": embedding.numpy().astype(np.float32), "response": np.array(response, dtype=str)}
 

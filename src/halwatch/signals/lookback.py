@@ -27,3 +27,25 @@ def lookback_ratios(rows, n_prompt: int) -> np.ndarray:
     on_new = np.einsum("hrk,rk->hr", rows[:, :, n_prompt:], generated) / np.arange(1, n_resp + 1)
     total = on_context + on_new
     return np.divide(on_context, total, out=np.full_like(total, 0.5), where=total > 0)
+
+
+def window_starts(n_response: int, window: int, stride: int) -> np.ndarray:
+    """First token of each sliding window of ``window`` response tokens, ``stride`` apart; the last window always
+    ends at the last token, and a response shorter than a window is one window."""
+    if window < 1 or stride < 1:
+        raise ValueError(f"window and stride must be at least 1, got {window} and {stride}")
+    last = max(n_response - window, 0)
+    starts = list(range(0, last + 1, stride))
+    if starts[-1] != last:
+        starts.append(last)
+    return np.array(starts)
+
+
+def window_means(values, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of ``values[H, R]`` over each sliding window of response tokens (Lookback Lens section 2.2, span-level
+    detector): ``(starts [W], features [W, H])``."""
+    values = np.asarray(values, dtype=np.float64)
+    starts = window_starts(values.shape[1], window, stride)
+    ends = np.minimum(starts + window, values.shape[1])
+    total = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(values, axis=1)], axis=1)
+    return starts, ((total[:, ends] - total[:, starts]) / (ends - starts)).T

@@ -1,0 +1,92 @@
+"""Guided decoding (Lookback Lens section 3) and the prompt-cache forward it scores candidates with."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from halwatch.data.generate import generate_answer
+from halwatch.data.squad import read_squad
+from halwatch.detectors import load_detector
+from halwatch.models import forward
+from halwatch.models.guided import _view, generate
+from halwatch.signals import whitebox_request
+from halwatch.tokens import _prompt_ids
+
+
+@pytest.fixture(scope="module")
+def question():
+    return read_squad()[7]
+
+
+def test_forward_with_a_cached_prompt_equals_the_full_pass(smol, question):
+    import torch
+
+    prompt_ids = _prompt_ids(smol.tokenizer, question.sample("-").prompt, "chat")
+    responses = [smol.tokenizer(t, add_special_tokens=False)["input_ids"]
+                 for t in ("The answer is in the text.", "No idea at all, sorry", "Yes")]
+    views = [_view(prompt_ids, r, "chat") for r in responses]
+    request = whitebox_request(smol)
+    full = forward.run(smol, views, request)
+    cached = len(prompt_ids) - 1
+    with torch.inference_mode():
+        cache = smol.model(input_ids=torch.tensor([prompt_ids[:-1]]), use_cache=True).past_key_values
+    cache.batch_repeat_interleave(len(views))
+    reused = forward.run(smol, views, request, past=(cache, cached))
+    assert cache.get_seq_length() == cached  # left as it was found
+    for a, b in zip(full, reused):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.hidden, b.hidden, atol=1e-3)
+        for name in ("lookback.ratio", "mtopdiv.d", "diag.w"):
+            np.testing.assert_allclose(a.reduced[name], b.reduced[name], atol=1e-5)
+    with pytest.raises(ValueError, match="no room"):
+        forward.run(smol, views, request, past=(cache, len(prompt_ids)))
+
+
+def test_greedy_decoding_equals_transformers_generate(smol, question):
+    prompt = question.sample("-").prompt
+    found = generate(smol, prompt, "chat", max_new_tokens=40)
+    assert found.text == generate_answer(smol, prompt, "chat", max_new_tokens=40)
+    assert found.chunk_scores == []
+
+
+@pytest.mark.parametrize("guide", ["lookback-lens-chat", "toha-chat"])
+def test_guided_decoding_is_reproducible_and_full_length(smol, guide):
+    from halwatch.scorer import Scorer
+
+    detector = load_detector(guide, scorer=Scorer(model=smol, input_mode="chat", cache=None))
+    prompt = "Write a long story about a lighthouse keeper and his dog."
+    runs = [generate(smol, prompt, "chat", detector, max_new_tokens=20, seed=s) for s in (5, 5, 6)]
+    assert runs[0].token_ids == runs[1].token_ids and runs[0].text == runs[1].text
+    for run in runs:
+        assert len(run.token_ids) == 20 or run.ended  # never shorter than asked unless the model ended it
+        chunks = -(-len(run.token_ids) // 8)  # one kept candidate per chunk of 8 (and one that only ends it)
+        assert chunks <= len(run.chunk_scores) <= chunks + int(run.ended)
+        assert np.isfinite(run.chunk_scores).all()
+
+
+def test_generate_command_single_and_file(tmp_path, question):
+    out = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "lookback", "--context",
+                          question.context, "--question", question.question, "--max-new-tokens", "16"],
+                         capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout)
+    assert found["guide"] == "lookback-lens" and found["response"] and found["n_tokens"] <= 16
+    records = tmp_path / "in.jsonl"
+    records.write_text("".join(json.dumps({"id": q.id, "context": q.context, "question": q.question,
+                                           "meta": {"answers": q.answers, "is_impossible": q.is_impossible}}) + "\n"
+                               for q in read_squad()[:2]))
+    target = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "halwatch", "-q", "generate", "--input", str(records), "--output", str(target),
+           "--max-new-tokens", "24"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    first = target.read_text()
+    subprocess.run(cmd, check=True, capture_output=True)  # resumed: nothing is answered twice
+    assert target.read_text() == first
+    rows = [json.loads(x) for x in first.splitlines()]
+    assert [r["id"] for r in rows] == [q.id for q in read_squad()[:2]]
+    assert all(r["meta"]["guide"] == "greedy" and "label" in r and r["response"] for r in rows)
+    bad = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "nope", "--prompt", "hi"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no artifact file 'nope'" in bad.stderr
