@@ -90,3 +90,12 @@ def test_generate_command_single_and_file(tmp_path, question):
     bad = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "nope", "--prompt", "hi"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no artifact file 'nope'" in bad.stderr
+    both = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "toha", "--sample", "--prompt",
+                           "hi"], capture_output=True, text=True)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_sampled_decoding_is_seeded(smol, question):
+    prompt = question.sample("-").prompt
+    a, b = (generate(smol, prompt, "chat", max_new_tokens=12, sample=True, seed=1) for _ in range(2))
+    assert a.token_ids == b.token_ids and (len(a.token_ids) == 12 or a.ended)

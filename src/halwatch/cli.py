@@ -250,15 +250,18 @@ def cmd_generate(args) -> int:
     if args.input and not args.output:
         raise InputError("--input needs --output FILE")
     detector, scorer = _guide(args)
+    if args.sample and detector is not None:
+        raise InputError("--sample is decoding without a guide: give --guide or --sample, not both")
     options = {"max_new_tokens": args.max_new_tokens, "n_candidates": args.candidates, "chunk": args.chunk,
-               "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+               "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sample": args.sample}
     if single:
         from halwatch.models.guided import generate
 
         sample = Sample(response="-", prompt=args.prompt or "", context=args.context, question=args.question)
         found = generate(scorer.model, sample.prompt, scorer.input_mode, detector, max_tokens=scorer.max_tokens,
                          **options)
-        print(json.dumps({"response": found.text, "guide": detector.name if detector else "greedy",
+        print(json.dumps({"response": found.text,
+                          "guide": detector.name if detector else ("sampled" if args.sample else "greedy"),
                           "n_tokens": len(found.token_ids), "chunk_scores": [round(x, 4) for x in found.chunk_scores],
                           "seconds": round(found.seconds, 3)}, ensure_ascii=False, indent=1))
         return 0
@@ -380,10 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="only the first N records of --input")
     _add_question_options(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="answer length cap in tokens (default 64)")
+    p.add_argument("--sample", action="store_true",
+                   help="no guide: sample with --temperature and --top-p instead of greedy decoding (the baseline "
+                        "of guided decoding without the detector's choice)")
     p.add_argument("--candidates", type=int, default=8, help="guided: candidates per step (default 8)")
     p.add_argument("--chunk", type=int, default=8, help="guided: tokens per candidate chunk (default 8)")
-    p.add_argument("--temperature", type=float, default=1.0, help="guided: sampling temperature (default 1.0)")
-    p.add_argument("--top-p", type=float, default=0.95, help="guided: nucleus sampling mass (default 0.95)")
+    p.add_argument("--temperature", type=float, default=1.0, help="guided or --sample: sampling temperature "
+                                                                  "(default 1.0)")
+    p.add_argument("--top-p", type=float, default=0.95, help="guided or --sample: nucleus sampling mass (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="seed of the candidate sampling (default 0)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, mode_default="chat (with an artifact file: the artifact's)")

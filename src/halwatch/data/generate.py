@@ -139,7 +139,7 @@ def generate_file(scorer, samples, output: str | Path, detector=None, options: d
     output = Path(output)
     done = _written((output,), lambda r: r["id"])
     stats = {"answered": 0, "labelled": 0, "hallucinated": 0, "seconds": 0.0}
-    guide = detector.name if detector is not None else "greedy"
+    guide = detector.name if detector is not None else ("sampled" if (options or {}).get("sample") else "greedy")
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as out, \
             tqdm(total=len(samples), disable=not progress, desc=f"generate ({guide})", unit="answer") as bar:

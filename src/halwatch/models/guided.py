@@ -43,8 +43,10 @@ def _view(prompt_ids, response_ids, input_mode) -> TokenView:
 
 def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new_tokens: int = 64,
              n_candidates: int = 8, chunk: int = 8, temperature: float = 1.0, top_p: float = 0.95,
-             seed: int = 0, max_tokens: int | None = None, where: str | None = None) -> Generation:
-    """Answer ``prompt`` with the scoring model, guided by a fitted ``detector`` (or greedily without one).
+             seed: int = 0, max_tokens: int | None = None, where: str | None = None,
+             sample: bool = False) -> Generation:
+    """Answer ``prompt`` with the scoring model, guided by a fitted ``detector``; without one, greedily, or by
+    plain sampling with ``sample`` (the baseline that separates the guide's choice from the sampling itself).
 
     The answer has ``max_new_tokens`` tokens unless it ends earlier (an end token, or a line break after text in
     ``raw`` mode). Every random draw comes from one generator seeded with ``seed``. ``max_tokens``: the cap on
@@ -59,7 +61,7 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
     if getattr(model.config, "_attn_implementation", None) != forward.ATTN_IMPLEMENTATION:
         forward.install(model)
     n = n_candidates if detector is not None else 1
-    chunk = chunk if detector is not None else max_new_tokens  # greedy: one uninterrupted run
+    chunk = chunk if detector is not None else max_new_tokens  # unguided: one uninterrupted run
     request = detector.request() if detector is not None else None
     prompt_ids = _prompt_ids(tok, prompt, input_mode)
     if max_tokens is not None and len(prompt_ids) + max_new_tokens > max_tokens:
@@ -78,7 +80,7 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
             logits = model(input_ids=step_ids, past_key_values=cache, use_cache=True,
                            logits_to_keep=1).logits[:, -1].float()
             drawn = draw_tokens(model, tok, cache, logits, min(chunk, max_new_tokens - len(response)), input_mode,
-                                gen, temperature, top_p, started=[started] * n, greedy=detector is None)
+                                gen, temperature, top_p, started=[started] * n, greedy=detector is None and not sample)
             forward.crop_cache(cache, cached)
             best = 0
             if detector is not None:
