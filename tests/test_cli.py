@@ -79,3 +79,23 @@ def test_models_list_shows_the_cached_default():
     out = run("models", "list", "--json")
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["smollm2-135m"]["cached"] and rows["smollm2-135m"]["size_mb"] > 100
+
+
+def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, probe):
+    """`fit --map-from`: the shipped Lookback Lens (raw input) carried to the chat-template input by a linear map
+    fitted on unlabelled answers; the new artifact scores in that mode and names where it came from."""
+    data = tmp_path / "unlabelled.jsonl"
+    write_jsonl(data, [{k: v for k, v in s.to_dict().items() if k not in ("label", "spans")}
+                       for s in probe[:8] + probe[-8:]])
+    art = tmp_path / "mapped.json"
+    run("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
+        "--input", str(data), "--output", str(art))
+    saved = json.loads(art.read_text())
+    assert saved["input_mode"] == "chat" and saved["fitted_on"]["mapped_from"] == "smollm2-135m"
+    assert len(saved["state"]["feature_map"]["coef"]) == 270 and saved["fitted_on"]["map_samples"] == 16
+    out = run("score", "--detector", str(art), "--context", CONTEXT, "--question", "Which cells produce insulin?",
+              "--response", "Beta cells produce it.")
+    assert json.loads(out.stdout)["input_mode"] == "chat"
+    bad = run("fit", "--detector", "toha", "--map-from", "lookback-lens", "--input", str(data), "--output",
+              str(tmp_path / "x.json"), check=False)
+    assert bad.returncode == 2 and "--map-from needs a lookback-lens artifact" in bad.stderr
