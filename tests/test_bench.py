@@ -105,22 +105,24 @@ def test_ranks_and_holm():
 
 
 def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
-    class Args:
-        model, input_mode, max_tokens, batch_size, no_cache = None, "raw", 512, 1, False
-        protocol, detectors, seeds, probe_size, sweeps = ["ragtruth-official"], ["toha", "length"], 2, 12, True
-        out, set = str(tmp_path / "out"), None
+    from halwatch.cli import build_parser
 
-    Args.datasets = datasets
+    args = build_parser().parse_args(
+        ["bench", "--protocol", "ragtruth-official", "--detectors", "toha", "length", "--seeds", "2",
+         "--probe-size", "12", "--sweeps", "--max-tokens", "512", "--out", str(tmp_path / "out"),
+         "--map-from-model", "smollm2-135m", "--datasets", *datasets])
     import halwatch.eval.bench as bench_mod
 
     bench_mod.PROBE_SIZES, bench_mod.N_MAX = (6, 12), (1, 3)
-    run_bench(Args, "halwatch bench (test)")
+    run_bench(args, "halwatch bench (test)")
     out = tmp_path / "out"
     assert "halwatch bench (test)" in (out / "report.md").read_text()
     for fig in ("auroc-vs-probe-size.png", "auroc-vs-nmax.png", "delta-scatter.png"):
         assert (out / fig).stat().st_size > 1000
     rows = json.loads((out / "results.json").read_text())
     assert {r["settings"]["n_max"] for r in rows if "n_max" in r.get("settings", {})} == {1, 3}
+    mapped = [r for r in rows if r["detector"] == "lookback-lens<-smollm2-135m"]  # Lookback Lens carried over
+    assert len(mapped) == 2 * len(datasets) and all(0 <= r["auroc"] <= 1 and "span_f1" in r for r in mapped)
 
 
 def test_requests_outside_the_whitebox_pass_get_their_own(bench, datasets):
