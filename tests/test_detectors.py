@@ -89,7 +89,7 @@ def test_fit_needs_labels_and_both_classes(scorer, probe):
 def test_unknown_detector_and_bad_artifact(tmp_path):
     with pytest.raises(HalwatchError, match="unknown detector"):
         create_detector("nope")
-    with pytest.raises(HalwatchError, match=r"no shipped artifact of that name \(shipped: default, max-entropy"):
+    with pytest.raises(HalwatchError, match=r"no shipped artifact of that name \(shipped: default, lookback-lens, "):
         load_detector("no-such-detector")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -99,7 +99,8 @@ def test_unknown_detector_and_bad_artifact(tmp_path):
 
 def test_shipped_artifacts_load_and_name_their_data():
     shipped = shipped_artifacts()
-    assert {"default", "toha", "perplexity", "max-entropy", "mean-entropy"} <= set(shipped)
+    assert {"default", "toha", "toha-chat", "lookback-lens", "lookback-lens-chat", "perplexity", "max-entropy",
+            "mean-entropy"} <= set(shipped)
     default = load_detector("default")
     assert default.name == "toha" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
     assert len(default.heads) <= default.settings["n_max"]

@@ -64,6 +64,8 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
     chunk = chunk if detector is not None else max_new_tokens  # unguided: one uninterrupted run
     request = detector.request() if detector is not None else None
     prompt_ids = _prompt_ids(tok, prompt, input_mode)
+    if len(prompt_ids) < 2:
+        raise InputError("the prompt is too short to answer (it needs at least two tokens)", where)
     if max_tokens is not None and len(prompt_ids) + max_new_tokens > max_tokens:
         raise InputError(f"the prompt has {len(prompt_ids)} tokens: with {max_new_tokens} new tokens it passes the cap "
                          f"of {max_tokens} (raise --max-tokens or shorten the prompt)", where)
