@@ -255,13 +255,12 @@ def cmd_generate(args) -> int:
     options = {"max_new_tokens": args.max_new_tokens, "n_candidates": args.candidates, "chunk": args.chunk,
                "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "sample": args.sample}
     if single:
-        from halwatch.models.guided import generate
+        from halwatch.models.guided import decoding_name, generate
 
         sample = Sample(response="-", prompt=args.prompt or "", context=args.context, question=args.question)
         found = generate(scorer.model, sample.prompt, scorer.input_mode, detector, max_tokens=scorer.max_tokens,
                          **options)
-        print(json.dumps({"response": found.text,
-                          "guide": detector.name if detector else ("sampled" if args.sample else "greedy"),
+        print(json.dumps({"response": found.text, "guide": decoding_name(detector, args.sample),
                           "n_tokens": len(found.token_ids), "chunk_scores": [round(x, 4) for x in found.chunk_scores],
                           "seconds": round(found.seconds, 3)}, ensure_ascii=False, indent=1))
         return 0

@@ -134,12 +134,12 @@ def generate_file(scorer, samples, output: str | Path, detector=None, options: d
     guided by ``detector`` or greedy), appending one record per answer to ``output`` (resumed by id). A sample
     whose ``meta`` has SQuAD's ``answers`` and ``is_impossible`` is labelled with the rule of this module (label
     ``null`` where the rule drops it). Returns counts and the mean seconds per answer."""
-    from halwatch.models.guided import generate
+    from halwatch.models.guided import decoding_name, generate
 
     output = Path(output)
     done = _written((output,), lambda r: r["id"])
     stats = {"answered": 0, "labelled": 0, "hallucinated": 0, "seconds": 0.0}
-    guide = detector.name if detector is not None else ("sampled" if (options or {}).get("sample") else "greedy")
+    guide = decoding_name(detector, (options or {}).get("sample", False))
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as out, \
             tqdm(total=len(samples), disable=not progress, desc=f"generate ({guide})", unit="answer") as bar:

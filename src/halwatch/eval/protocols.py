@@ -137,8 +137,8 @@ class Bench:
     @staticmethod
     def span_metrics(det, signals, views) -> dict:
         """Span-level figures of a fitted detector on test responses that have gold spans: character-level
-        precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector with a window classifier (Lookback
-        Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``)."""
+        precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector
+        with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``)."""
         if det.token_threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]

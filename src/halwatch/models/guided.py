@@ -35,6 +35,11 @@ class Generation:
     seconds: float = 0.0
 
 
+def decoding_name(detector=None, sample: bool = False) -> str:
+    """How an answer was decoded, as results record it: the guide's name, ``sampled`` or ``greedy``."""
+    return detector.name if detector is not None else ("sampled" if sample else "greedy")
+
+
 def _view(prompt_ids, response_ids, input_mode) -> TokenView:
     """A token view of generated ids (no text yet: the forward pass reads only the ids and the boundary)."""
     return TokenView(sample=None, input_ids=list(prompt_ids) + list(response_ids), n_prompt=len(prompt_ids),
