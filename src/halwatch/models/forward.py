@@ -9,11 +9,14 @@ the pass, layer by layer, so even the rows need not be kept.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
+from halwatch.models import relevance as lrp
+from halwatch.models.relevance import RelevanceRequest
 from halwatch.models.sampling import SamplingRequest
 from halwatch.tokens import TokenView
 
@@ -47,6 +50,9 @@ class SignalRequest:
     - ``reducers``: names in :data:`REDUCERS` applied to the captured rows of every requested head.
     - ``sampling``: extra answers sampled from the scoring model for the prompt
       (:class:`halwatch.models.sampling.SamplingRequest`), for the sampling baselines.
+    - ``relevance``: relevance of the input tokens for the response tokens
+      (:class:`halwatch.models.relevance.RelevanceRequest`, LRP4RAG); the pass then runs with gradients and the
+      propagation rules, and feeds every other signal asked for from the same forward pass.
     """
 
     token_stats: bool = False
@@ -57,6 +63,7 @@ class SignalRequest:
     keep_attention: bool = False
     reducers: tuple[str, ...] = ()
     sampling: SamplingRequest | None = None
+    relevance: RelevanceRequest | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
@@ -83,7 +90,8 @@ class SignalRequest:
             attention_from="all" if any(r.attention_from == "all" for r in reqs) else "response",
             keep_attention=any(r.keep_attention for r in reqs),
             reducers=tuple(x for r in reqs for x in r.reducers),
-            sampling=_one_sampling(reqs),
+            sampling=_one(reqs, "sampling"),
+            relevance=_one(reqs, "relevance"),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -91,25 +99,33 @@ class SignalRequest:
         return self.merge(other) == self
 
     def key(self) -> dict:
-        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sampling"}
-        if self.sampling is not None:  # only then, so that keys of earlier cache entries stay valid
-            key["sampling"] = asdict(self.sampling)
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sampling", "relevance")}
+        for name in ("sampling", "relevance"):  # only when set, so that keys of earlier cache entries stay valid
+            if getattr(self, name) is not None:
+                key[name] = asdict(getattr(self, name))
         return key
 
     def without_sampling(self) -> "SignalRequest":
         return replace(self, sampling=None)
 
 
-def _one_sampling(reqs) -> SamplingRequest | None:
-    asked = {r.sampling for r in reqs if r.sampling is not None}
+def _one(reqs, name: str):
+    """The one setting of ``name`` (sampling, relevance) that the requests ask for, if any."""
+    asked = {getattr(r, name) for r in reqs if getattr(r, name) is not None}
     if len(asked) > 1:
-        raise ValueError(f"requests ask for different sampling settings: {sorted(map(str, asked))}")
+        raise ValueError(f"requests ask for different {name} settings: {sorted(map(str, asked))}")
     return asked.pop() if asked else None
 
 
 @dataclass
 class Signals:
-    """The signals of one sample. Arrays are indexed by response token (``R = n_response``) and requested head."""
+    """The signals of one sample. Arrays are indexed by response token (``R = n_response``) and requested head.
+
+    ``relevance`` (LRP4RAG, :mod:`halwatch.models.relevance`): ``mean`` [n_input], the relevance of every input token
+    averaged over the explained logits of the response tokens (its prompt part is ``R^prompt``, eq. 5); ``response``
+    [R], the mean relevance of the prompt tokens for each response token (``R^response``, eq. 6); ``logits`` [R], the
+    explained logits; ``rows`` [k, n_prompt], ``R*`` resampled to ``k`` response rows (or all of them) when asked.
+    """
 
     n_prompt: int
     n_response: int
@@ -121,6 +137,7 @@ class Signals:
     attention: np.ndarray | None = None  # [H, Q, n] rows from row_start (n_prompt, or 0 with attention_from="all")
     reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
     generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
+    relevance: dict[str, np.ndarray] | None = None  # see the class docstring
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {
@@ -134,6 +151,7 @@ class Signals:
                 out[name] = getattr(self, name)
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
         out.update({f"gen:{k}": v for k, v in (self.generations or {}).items()})
+        out.update({f"rel:{k}": v for k, v in (self.relevance or {}).items()})
         return out
 
     @classmethod
@@ -149,6 +167,7 @@ class Signals:
             attention=arrays["attention"] if "attention" in arrays else None,
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
             generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
+            relevance={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("rel:")} or None,
         )
 
     def head_values(self, name: str, heads) -> np.ndarray:
@@ -222,12 +241,16 @@ class _Capture:
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA attention, plus capture of the requested heads' rows when a capture is active."""
+    """SDPA attention (explicit products while relevance is propagated), plus capture of the requested heads' rows
+    when a capture is active."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     capture = _ACTIVE.get()
     if capture is not None:
-        capture.record(module, query, key, attention_mask, scaling)
+        capture.record(module, query.detach(), key.detach(), attention_mask, scaling)
+    if lrp.active() is not None:
+        return lrp.attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                             **kwargs), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)
 
@@ -273,43 +296,62 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     for b, v in enumerate(views):
         ids[b, : lengths[b] - offset] = torch.tensor(v.input_ids[offset:])
         mask[b, : lengths[b]] = 1
+    rel = request.relevance
+    if rel is not None and cache is not None:
+        raise ValueError("relevance needs the whole input in the pass, not a cached prefix")
     # logits only where they are used: the positions that predict response tokens
     first_needed = min(v.n_prompt for v in views) - 1
-    keep = longest - first_needed if request.token_stats else 1
+    keep = longest - first_needed if request.token_stats or rel is not None else 1
+    attn_mask = mask if len(views) > 1 or min(lengths) < longest else None
     capture = _Capture(request, views, offset) if request.heads else None
-    token = _ACTIVE.set(capture)
-    try:
-        with torch.inference_mode():
-            out = model(
-                input_ids=ids,
-                attention_mask=mask if len(views) > 1 or min(lengths) < longest else None,
-                past_key_values=cache,
-                output_hidden_states=bool(request.hidden_layers),
-                logits_to_keep=keep,
-                use_cache=cache is not None,
-            )
-    finally:
-        _ACTIVE.reset(token)
-        if cache is not None:
-            crop_cache(cache, offset)
+    with contextlib.ExitStack() as stack:
+        if rel is None:
+            stack.enter_context(torch.inference_mode())
+            inputs = {"input_ids": ids}
+        else:  # with gradients and the propagation rules, from the input embeddings on
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(lrp.rules(model, rel.method))
+            embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+            inputs = {"inputs_embeds": embeds}
+        token = _ACTIVE.set(capture)
+        try:
+            out = model(**inputs, attention_mask=attn_mask, past_key_values=cache,
+                        output_hidden_states=bool(request.hidden_layers), logits_to_keep=keep,
+                        use_cache=cache is not None)
+        finally:
+            _ACTIVE.reset(token)
+            if cache is not None:
+                crop_cache(cache, offset)
+        if rel is not None:
+            values, index = lrp.targets(out.logits, views, longest - keep, rel.target)
+            by_seed = lrp.backward_relevance(embeds, values, views, rel.rows)
+            row_sums = lrp.prompt_row_sums(model, embeds, attn_mask, views, longest - keep, keep, index)
     results = []
     for b, v in enumerate(views):
         sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
                       hidden_layers=request.hidden_layers)
         if request.token_stats:
             first = longest - keep  # absolute position of out.logits[:, 0]
-            logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].float()
+            logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].detach().float()
             logp = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(v.input_ids[v.n_prompt :])
             sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
             sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
         if request.hidden_layers:
-            rows = [out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].float()
+            rows = [out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].detach().float()
                     for i in request.hidden_layers]
             if request.hidden_pool == "mean_last":
                 rows = [torch.stack([r.mean(0), r[-1]]) for r in rows]
             sig.hidden = np.stack([r.numpy() for r in rows])
         if capture is not None:
             sig.attention, sig.reduced = capture.assemble(b)
+        if rel is not None:
+            sig.relevance = {
+                "mean": by_seed[b][0].astype(np.float32),
+                "response": (row_sums[b] / v.n_prompt).astype(np.float32),
+                "logits": values[b, : v.n_response].detach().float().numpy(),
+            }
+            if rel.rows:
+                sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)
         results.append(sig)
     return results
