@@ -108,8 +108,8 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
     from halwatch.cli import build_parser
 
     args = build_parser().parse_args(
-        ["bench", "--protocol", "ragtruth-official", "--detectors", "toha", "length", "--seeds", "2",
-         "--probe-size", "12", "--sweeps", "--max-tokens", "512", "--out", str(tmp_path / "out"),
+        ["bench", "--protocol", "ragtruth-official", "--detectors", "toha", "toha:n_max=2", "length", "--seeds", "2",
+         "--probe-size", "12", "--sweeps", "--sweep", "n_max=4,6", "--max-tokens", "512", "--out", str(tmp_path / "out"),
          "--map-from-model", "smollm2-135m", "--datasets", *datasets])
     import halwatch.eval.bench as bench_mod
 
@@ -120,7 +120,11 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
     for fig in ("auroc-vs-probe-size.png", "auroc-vs-nmax.png", "delta-scatter.png"):
         assert (out / fig).stat().st_size > 1000
     rows = json.loads((out / "results.json").read_text())
-    assert {r["settings"]["n_max"] for r in rows if "n_max" in r.get("settings", {})} == {1, 3}
+    assert {r["settings"]["n_max"] for r in rows if "n_max" in r.get("settings", {})} == {1, 3, 4, 6}
+    # a detector spec is a variant with its own rows; --sweep runs the detectors that have the setting
+    assert {r["detector"] for r in rows if not r.get("settings")} >= {"toha", "toha:n_max=2", "length"}
+    table = (out / "sweep-n_max.md").read_text()
+    assert "| toha | 4 |" in table and "| toha:n_max=2 | 6 |" in table and "| length |" not in table
     mapped = [r for r in rows if r["detector"] == "lookback-lens<-smollm2-135m"]  # Lookback Lens carried over
     assert len(mapped) == 2 * len(datasets) and all(0 <= r["auroc"] <= 1 and "span_f1" in r for r in mapped)
 

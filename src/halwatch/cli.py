@@ -146,16 +146,9 @@ def cmd_score(args) -> int:
 
 def _settings(args) -> dict:
     """Detector settings from ``--set KEY=VALUE`` (VALUE read as JSON where it parses, else as text)."""
-    out = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+    from halwatch.detectors import parse_setting
+
+    return dict(parse_setting(item) for item in args.set or [])
 
 
 def cmd_fit(args) -> int:
@@ -284,6 +277,12 @@ def cmd_bench(args) -> int:
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
         return 0
+    if args.what == "relevance":
+        from halwatch.eval.speed import run_relevance_speed
+
+        run_relevance_speed(model=args.model or "smollm2-135m", prompt_tokens=args.prompt_tokens,
+                            response_tokens=args.response_tokens, repeats=args.repeats)
+        return 0
     from halwatch.eval.bench import run_bench
 
     if not args.protocol or not args.detectors or not args.datasets:
@@ -399,10 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="`halwatch bench --protocol P --detectors ... --datasets ...` fits and evaluates "
                                    "detectors on cached signals and writes results.json, predictions.jsonl, "
                                    "report.md and figures to --out. `halwatch bench speed` measures load and "
-                                   "forward times and peak memory.")
-    p.add_argument("what", nargs="?", choices=["run", "speed"], default="run", help="run (default) or speed")
+                                   "forward times and peak memory; `halwatch bench relevance` times the LRP4RAG "
+                                   "relevance pass against one forward + backward pass and reports conservation.")
+    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance"], default="run",
+                   help="run (default), speed or relevance")
     p.add_argument("--protocol", nargs="+", choices=PROTOCOLS, help="one or more protocols")
-    p.add_argument("--detectors", nargs="+", help="detector names (halwatch.detectors.DETECTORS)")
+    p.add_argument("--detectors", nargs="+",
+                   help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
+                        "settings, e.g. lrp4rag:classifier=mlp")
     p.add_argument("--datasets", nargs="+",
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct) or a labelled "
                         "JSONL file")
@@ -419,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "heads (official split; rows named lookback-lens<-MODEL)")
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="speed: sequence lengths")
     p.add_argument("--repeats", type=int, default=3, help="speed: timed repeats per setting (median reported)")
+    p.add_argument("--sweep", metavar="KEY=V1,V2,...",
+                   help="also run the first protocol on the first dataset for each value of a detector setting "
+                        "(e.g. length=100,220,300 for LRP4RAG's resampling length, Table 3); table in sweep-KEY.md")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="relevance: prompt length (default 512)")
+    p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_bench)
     return parser

@@ -9,16 +9,17 @@ from pathlib import Path
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
+from halwatch.detectors.lrp4rag import LRP4RAG
 from halwatch.detectors.sampling import (EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram,
                                          SemanticEntropy)
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
-from halwatch.errors import HalwatchError
+from halwatch.errors import HalwatchError, InputError
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (TOHA, TOHACopyHeads, TOHAMST, LookbackLens, AttentionRatio, LLMCheckAttention, LinearProbe, Perplexity,
-                MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore, SelfCheckNGram, SelfCheckEntailment,
-                SemanticEntropy)
+    for cls in (TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention, LinearProbe,
+                Perplexity, MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore, SelfCheckNGram,
+                SelfCheckEntailment, SemanticEntropy)
 }
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.
@@ -31,8 +32,29 @@ def shipped_artifacts() -> dict[str, Path]:
     return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".json")}
 
 
+def parse_setting(item: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> ``(key, value)``, the value read as JSON where it parses, else kept as text."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise InputError(f"a detector setting is KEY=VALUE, got {item!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def split_spec(spec: str) -> tuple[str, dict]:
+    """A detector name, or ``name:key=value,key=value`` (the method with settings, e.g. ``lrp4rag:classifier=mlp``,
+    so that a benchmark can compare variants of one method)."""
+    name, _, rest = spec.partition(":")
+    return name, dict(parse_setting(item) for item in rest.split(",") if item)
+
+
 def create_detector(name: str, scorer=None, **kwargs) -> Detector:
-    """A new, unfitted detector of the named method."""
+    """A new, unfitted detector of the named method (or of a ``name:key=value,...`` spec, whose settings win over
+    ``kwargs``)."""
+    name, spec_settings = split_spec(name)
+    kwargs = {**kwargs, **spec_settings}
     if name not in DETECTORS:
         raise HalwatchError(f"unknown detector {name!r}: known methods are {', '.join(sorted(DETECTORS))}")
     unknown = sorted(set(kwargs) - DETECTORS[name].setting_names())
@@ -71,4 +93,4 @@ def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector
 
 
 __all__ = ["DETECTORS", "DEFAULT_DETECTOR", "Detector", "create_detector", "load_detector", "read_artifact",
-           "shipped_artifacts"]
+           "parse_setting", "shipped_artifacts", "split_spec"]

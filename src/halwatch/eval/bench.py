@@ -23,14 +23,16 @@ def _series(rows, key):
 
 def run_bench(args, command: str) -> None:
     from halwatch.cli import _scorer_from, _settings
-    from halwatch.detectors import DETECTORS
+    from halwatch.detectors import DETECTORS, split_spec
 
     scorer = _scorer_from(args)
     settings = _settings(args)
-    unknown = [d for d in args.detectors if d not in DETECTORS]
+    methods = {d: split_spec(d)[0] for d in args.detectors}
+    unknown = [d for d, m in methods.items() if m not in DETECTORS]
     if unknown:
         raise HalwatchError(f"unknown detector(s) {unknown}: known are {', '.join(sorted(DETECTORS))}")
-    options = {d: {k: v for k, v in settings.items() if k in DETECTORS[d].setting_names()} for d in args.detectors}
+    options = {d: {k: v for k, v in settings.items() if k in DETECTORS[methods[d]].setting_names()}
+               for d in args.detectors}
     unused = [k for k in settings if not any(k in o for o in options.values())]
     if unused:
         raise HalwatchError(f"no detector of this run has the setting(s) {unused}")
@@ -48,6 +50,10 @@ def run_bench(args, command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.sweeps:
         (out / "sweeps.md").write_text("\n".join(sweeps(bench, args.datasets, seeds, out)) + "\n")
+    if args.sweep:
+        lines = setting_sweep(bench, args.protocol[0], args.datasets[0], seeds, args.sweep, args.probe_size)
+        print("\n".join(lines))
+        (out / f"sweep-{args.sweep.partition('=')[0]}.md").write_text("\n".join(lines) + "\n")
     save_results(out, bench.rows, bench.predictions)
     with open(out / "commands.txt", "a") as f:
         f.write(command + "\n")
@@ -95,4 +101,34 @@ def sweeps(bench: Bench, datasets, seeds, out: Path) -> list[str]:
         lines += ["![Δ scatter](delta-scatter.png)", "",
                   "Heads with the largest Δ on both training sets: "
                   + ", ".join(f"L{heads[i][0]}H{heads[i][1]}" for i in top), ""]
+    return lines
+
+
+def setting_sweep(bench: Bench, protocol: str, dataset: str, seeds, sweep: str, probe_size=None) -> list[str]:
+    """``KEY=V1,V2,...``: every detector of the bench under ``protocol`` on ``dataset`` for each value of setting
+    KEY (e.g. LRP4RAG's resampling length, Table 3). Rows carry ``settings``; returns a markdown table of the mean
+    accuracy, precision, recall, F1 and AUROC over seeds (folds)."""
+    from halwatch.detectors import DETECTORS, parse_setting, split_spec
+
+    key, _, values = sweep.partition("=")
+    parsed = [parse_setting(f"{key}={v}")[1] for v in values.split(",") if v]
+    if not key or not parsed:
+        raise HalwatchError(f"--sweep expects KEY=V1,V2,..., got {sweep!r}")
+    swept = [d for d in bench.detectors if key in DETECTORS[split_spec(d)[0]].setting_names()]
+    if not swept:
+        raise HalwatchError(f"--sweep {key}: no detector of this run has that setting")
+    keep, everyone, bench.rows, bench.detectors = bench.rows, bench.detectors, [], swept
+    for value in parsed:
+        bench.run(protocol, [dataset], seeds=seeds, probe_size=probe_size, options={key: value},
+                  extra={"settings": {key: value}})
+    bench.detectors = everyone
+    metrics = ("accuracy", "precision", "recall", "f1", "auroc")
+    lines = [f"## {key} sweep: {dataset}, {protocol} (mean over {len(seeds) if protocol != 'kfold' else 5} runs)",
+             "", "| detector | " + key + " | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 2) + "|"]
+    for det in swept:
+        for value in parsed:
+            rows = [r for r in bench.rows if r["detector"] == det and r["settings"][key] == value]
+            lines.append(f"| {det} | {value} | " + " | ".join(f"{np.mean([r[m] for r in rows]):.3f}"
+                                                            for m in metrics) + " |")
+    bench.rows = keep + bench.rows
     return lines

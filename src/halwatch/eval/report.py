@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-METRICS = ("auroc", "auc_pr", "f1", "accuracy", "trivial_f1")
+METRICS = ("auroc", "auc_pr", "f1", "accuracy", "precision", "recall", "trivial_f1")
 #: Span-level figures, present for detectors with token scores on data with gold spans (Bench.span_metrics).
 SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "window_auroc", "window_auc_pr", "window_f1",
                 "window_trivial_f1")

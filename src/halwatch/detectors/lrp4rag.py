@@ -1,0 +1,118 @@
+"""LRP4RAG (Hu, Sun and Zhang 2024): the relevance of the prompt for the response, propagated through the scoring
+model (section 3.2, :mod:`halwatch.models.relevance`), resampled to a fixed length (eq. 7-9) and classified
+(section 3.4), or thresholded (section 4.4.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from halwatch.detectors import classifiers
+from halwatch.detectors.base import Detector
+from halwatch.models.forward import SignalRequest
+from halwatch.models.relevance import METHODS, TARGETS, RelevanceRequest
+from halwatch.signals.relevance import resample
+
+FEATURES = ("response", "prompt", "both")
+CHOICES = (*classifiers.CLASSIFIERS, "threshold")
+
+
+def prompt_relevance(sig) -> np.ndarray:
+    """``R^prompt`` (eq. 5): the relevance of each prompt token, averaged over the response tokens."""
+    return sig.relevance["mean"][: sig.n_prompt].astype(float)
+
+
+def response_relevance(sig) -> np.ndarray:
+    """``R^response`` (eq. 6): the mean relevance of the prompt tokens for each response token."""
+    return sig.relevance["response"].astype(float)
+
+
+class LRP4RAG(Detector):
+    """Hallucination from low prompt-to-response relevance.
+
+    Settings: ``method`` (``lrp`` or ``ixg``, Input x Gradient), ``target`` (explain the logit of the response's own
+    token, ``token``, or the largest logit, ``max`` as in the paper), ``classifier`` (``svm`` with an RBF kernel,
+    ``mlp``, ``random_forest``, ``lstm``, or ``threshold``), ``features`` (``response`` = ``R^response``,
+    ``prompt`` = ``R^prompt``, or ``both`` concatenated), ``length`` (``L_new`` of eq. 7, 220 as in Table 3),
+    ``rows`` (response steps of ``R*`` for the LSTM, each one backward pass), ``epochs`` (LSTM training) and
+    ``seed``.
+
+    The classifiers see the resampled vectors (the LSTM the ``rows x length`` resampled ``R*``, response steps as
+    time, section 3.4); their score of "hallucinated" is the raw score. ``threshold`` is section 4.4.2: the mean of
+    the feature resampled to 100 values, lower = more likely hallucinated; the decision threshold is then searched on
+    the probe data like every detector's. Token scores are ``-R^response`` (a response token that draws little on
+    the prompt), thresholded on the probe data for spans.
+    """
+
+    name = "lrp4rag"
+    citation = "Hu, Sun and Zhang 2024, LRP4RAG (sections 3.2-3.4, 4.4.2)"
+
+    def __init__(self, scorer=None, calibration: str = "platt", method: str = "lrp", target: str = "token",
+                 classifier: str = "svm", features: str = "response", length: int = 220, rows: int = 16,
+                 epochs: int = 30, seed: int = 0, **settings):
+        if method not in METHODS or target not in TARGETS:
+            raise ValueError(f"method must be one of {METHODS} and target one of {TARGETS}")
+        if classifier not in CHOICES:
+            raise ValueError(f"unknown classifier {classifier!r}: choose one of {', '.join(CHOICES)}")
+        if features not in FEATURES:
+            raise ValueError(f"unknown features {features!r}: choose one of {', '.join(FEATURES)}")
+        if int(length) < 1 or int(rows) < 1:
+            raise ValueError(f"length and rows must be positive, got {length} and {rows}")
+        super().__init__(scorer=scorer, calibration=calibration, method=method, target=target,
+                         classifier=classifier, features=features, length=int(length), rows=int(rows),
+                         epochs=int(epochs), seed=int(seed), **settings)
+        self.model: dict = {}
+
+    def request(self):
+        s = self.settings
+        rows = s["rows"] if s["classifier"] == "lstm" else 0
+        return SignalRequest(relevance=RelevanceRequest(method=s["method"], target=s["target"], rows=rows))
+
+    def features(self, signals) -> np.ndarray:
+        """The classifier's input: ``[n, length]`` (``[n, 2 length]`` for ``both``), or ``[n, rows, length]``
+        for the LSTM."""
+        s = self.settings
+        if s["classifier"] == "lstm":
+            from halwatch.signals.relevance import resample_2d
+
+            return np.stack([resample_2d(sig.relevance["rows"], s["rows"], s["length"]) for sig in signals])
+        length = 100 if s["classifier"] == "threshold" else s["length"]
+        parts = []
+        if s["features"] in ("response", "both"):
+            parts.append(np.stack([resample(response_relevance(sig), length) for sig in signals]))
+        if s["features"] in ("prompt", "both"):
+            parts.append(np.stack([resample(prompt_relevance(sig), length) for sig in signals]))
+        return np.concatenate(parts, axis=1)
+
+    def fit_method(self, signals, labels):
+        if self.settings["classifier"] == "threshold":
+            return
+        s = self.settings
+        extra = {"epochs": s["epochs"]} if s["classifier"] == "lstm" else {}
+        self.model = classifiers.fit(s["classifier"], self.features(signals), labels, seed=s["seed"], **extra)
+
+    def raw_scores(self, signals):
+        x = self.features(signals)
+        if self.settings["classifier"] == "threshold":
+            return -x.mean(axis=1)
+        return classifiers.predict(self.model, x)
+
+    def token_scores(self, signals):
+        return [-response_relevance(sig) for sig in signals]
+
+    def state(self):
+        return {"model": self.model}
+
+    def set_state(self, state):
+        self.model = state.get("model", {})
+
+
+def relevance_matrix(scorer, sample, method: str = "lrp", target: str = "token") -> dict:
+    """The whole relevance matrix ``R*`` of one answer (section 3.2; one backward pass per response token):
+    ``{"matrix": [R, n_prompt], "prompt_tokens": [...], "response_tokens": [...], "logits": [R]}``."""
+    view = scorer.encode(sample)
+    request = SignalRequest(relevance=RelevanceRequest(method=method, target=target, rows=-1))
+    sig = scorer.signals([sample], request, views=[view])[0]
+    tokens = scorer.model.tokenizer.convert_ids_to_tokens(view.input_ids)
+    text = [scorer.model.tokenizer.convert_tokens_to_string([t]) for t in tokens]
+    return {"matrix": sig.relevance["rows"], "prompt_tokens": text[: view.n_prompt],
+            "response_tokens": text[view.n_prompt :], "logits": sig.relevance["logits"]}
