@@ -99,3 +99,19 @@ def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, p
     bad = run("fit", "--detector", "toha", "--map-from", "lookback-lens", "--input", str(data), "--output",
               str(tmp_path / "x.json"), check=False)
     assert bad.returncode == 2 and "--map-from needs a lookback-lens artifact" in bad.stderr
+
+
+def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path):
+    from halwatch.cli import main
+
+    ids = {}
+    for n in (5, 12):
+        out = tmp_path / f"rt-{n}.jsonl"
+        assert main(["data", "ragtruth", "--generator", "llama-2-7b-chat", "--split", "test", "--limit", str(n),
+                     "--output", str(out)]) == 0
+        ids[n] = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert len(ids[5]) == 5 and len(ids[12]) == 12 and set(ids[5]) < set(ids[12])
+    from halwatch.data.ragtruth import read_ragtruth
+
+    position = {s.id: i for i, s in enumerate(read_ragtruth(generator="llama-2-7b-chat", split="test"))}
+    assert [position[i] for i in ids[12]] == sorted(position[i] for i in ids[12])  # file order kept

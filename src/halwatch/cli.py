@@ -205,7 +205,9 @@ def cmd_data(args) -> int:
     if args.limit and args.limit < len(samples):
         import random
 
-        keep = set(random.Random(args.seed).sample(range(len(samples)), args.limit))
+        order = list(range(len(samples)))
+        random.Random(args.seed).shuffle(order)  # the first N of one shuffle: a larger N keeps a smaller N's samples
+        keep = set(order[: args.limit])
         samples = [s for i, s in enumerate(samples) if i in keep]
     write_jsonl(args.output, (s.to_dict() for s in samples))
     print(f"wrote {len(samples)} samples ({sum(s.label for s in samples)} hallucinated) -> {args.output}",
@@ -354,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--generator", nargs="+", choices=GENERATORS, help="generator models (default all)")
     pr.add_argument("--split", choices=SPLITS, help="official split (default both)")
     pr.add_argument("--quality", nargs="+", choices=QUALITIES, help="response quality (default all)")
-    pr.add_argument("--limit", type=int, help="a random subset of this many samples (file order kept)")
+    pr.add_argument("--limit", type=int, help="a random subset of this many samples, the first N of a seeded "
+                                                "shuffle (a larger N keeps a smaller N's samples; file order kept)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the random subset (default 0)")
     pr.add_argument("--root", help="RAGTruth folder (default ../shared/data/ragtruth)")
     pg = dsub.add_parser("generate", help="same-model data: the scoring model answers SQuAD 2.0 questions (TOHA "
