@@ -294,7 +294,9 @@ def cmd_bench(args) -> int:
 
 
 SET_HELP = ("a detector setting, repeatable: n_max=5 (TOHA heads), divergence=mst, n_samples=20 and judge=MODEL "
-            "(sampling baselines), C=0.1 (probes), window=8 and window_stride=4 (Lookback Lens span windows)")
+            "(sampling baselines), C=0.1 (probes), window=8 and window_stride=4 (Lookback Lens span windows), "
+            "method=lrp|lrp-cp|ixg, target=token|max, classifier=svm|mlp|random_forest|lstm|threshold, "
+            "features=response|prompt|both and length=220 (LRP4RAG)")
 
 
 def build_parser() -> argparse.ArgumentParser:
