@@ -80,6 +80,14 @@ class Detector:
         decoding): by default the score of the whole partial response."""
         return self.raw_scores(signals)
 
+    def calibration_scores(self, signals: list[Signals], labels: np.ndarray) -> np.ndarray:
+        """Raw scores of the probe data that the calibration is fitted on: by default the fitted method's own."""
+        return self.raw_scores(signals)
+
+    def decision_threshold(self, probs: np.ndarray, labels: np.ndarray) -> float:
+        """The decision threshold on calibrated probabilities: by default the best F1 on the probe data."""
+        return best_f1_threshold(probs, labels)
+
     def state(self) -> dict:
         return {}
 
@@ -111,9 +119,9 @@ class Detector:
         self.fit_method(signals, labels)
         if views is not None and any(v.sample.spans for v in views):
             self.fit_spans(signals, views)
-        raw = self.raw_scores(signals)
+        raw = self.calibration_scores(signals, labels)
         self.calibrator.fit(raw, labels)
-        self.threshold = best_f1_threshold(self.calibrator.transform(raw), labels)
+        self.threshold = self.decision_threshold(self.calibrator.transform(raw), labels)
         tokens = self.token_scores(signals)
         if tokens is not None:
             self.token_threshold = self._fit_token_threshold(tokens, labels, views)

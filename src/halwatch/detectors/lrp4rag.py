@@ -37,10 +37,11 @@ class LRP4RAG(Detector):
     ``seed``.
 
     The classifiers see the resampled vectors (the LSTM the ``rows x length`` resampled ``R*``, response steps as
-    time, section 3.4); their score of "hallucinated" is the raw score. ``threshold`` is section 4.4.2: the mean of
-    the feature resampled to 100 values, lower = more likely hallucinated; the decision threshold is then searched on
-    the probe data like every detector's. Token scores are ``-R^response`` (a response token that draws little on
-    the prompt), thresholded on the probe data for spans.
+    time, section 3.4); their score of "hallucinated" is the raw score, calibrated on out-of-fold scores of the probe
+    data, and their own decision boundary is the threshold. ``threshold`` is section 4.4.2: the mean of the feature
+    resampled to 100 values, lower = more likely hallucinated, with the threshold of best F1 on the probe data.
+    Token scores are ``-R^response`` (a response token that draws little on the prompt), thresholded on the probe
+    data for spans.
     """
 
     name = "lrp4rag"
@@ -86,9 +87,37 @@ class LRP4RAG(Detector):
     def fit_method(self, signals, labels):
         if self.settings["classifier"] == "threshold":
             return
+        self.model = self._fit_classifier(self.features(signals), labels)
+
+    def _fit_classifier(self, x, labels) -> dict:
         s = self.settings
         extra = {"epochs": s["epochs"]} if s["classifier"] == "lstm" else {}
-        self.model = classifiers.fit(s["classifier"], self.features(signals), labels, seed=s["seed"], **extra)
+        return classifiers.fit(s["classifier"], x, labels, seed=s["seed"], **extra)
+
+    def calibration_scores(self, signals, labels):
+        """Out-of-fold scores of the probe data for the classifiers (stratified 5-fold inside the probe): scores of
+        a classifier on its own training data are overconfident (a random forest separates them perfectly), and a
+        calibration fitted on them would squash test scores to ties."""
+        if self.settings["classifier"] == "threshold":
+            return self.raw_scores(signals)
+        from sklearn.model_selection import StratifiedKFold
+
+        x, labels = self.features(signals), np.asarray(labels)
+        folds = max(2, min(5, int(np.bincount(labels).min())))
+        out = np.zeros(len(labels))
+        split = StratifiedKFold(n_splits=folds, shuffle=True, random_state=self.settings["seed"])
+        for train, held in split.split(x, labels):
+            model = self._fit_classifier(x[train], labels[train])
+            out[held] = classifiers.predict(model, x[held])
+        return out
+
+    def decision_threshold(self, probs, labels):
+        """The classifier's own decision (SVM decision value 0, probability 0.5 for the others), as the paper's
+        predictions are; the threshold method searches the probe data for the best F1 (section 4.4.2)."""
+        kind = self.settings["classifier"]
+        if kind == "threshold":
+            return super().decision_threshold(probs, labels)
+        return float(self.calibrator.transform(np.array([0.0 if kind == "svm" else 0.5]))[0])
 
     def raw_scores(self, signals):
         x = self.features(signals)
