@@ -29,7 +29,8 @@ def response_relevance(sig) -> np.ndarray:
 class LRP4RAG(Detector):
     """Hallucination from low prompt-to-response relevance.
 
-    Settings: ``method`` (``lrp`` or ``ixg``, Input x Gradient), ``target`` (explain the logit of the response's own
+    Settings: ``method`` (``lrp``, AttnLRP's rules; ``lrp-cp``, attention weights constant; or ``ixg``, Input x
+    Gradient), ``target`` (explain the logit of the response's own
     token, ``token``, or the largest logit, ``max`` as in the paper), ``classifier`` (``svm`` with an RBF kernel,
     ``mlp``, ``random_forest``, ``lstm``, or ``threshold``), ``features`` (``response`` = ``R^response``,
     ``prompt`` = ``R^prompt``, or ``both`` concatenated), ``length`` (``L_new`` of eq. 7, 220 as in Table 3),
@@ -99,7 +100,7 @@ class LRP4RAG(Detector):
         a classifier on its own training data are overconfident (a random forest separates them perfectly), and a
         calibration fitted on them would squash test scores to ties."""
         if self.settings["classifier"] == "threshold":
-            return self.raw_scores(signals)
+            return super().calibration_scores(signals, labels)
         from sklearn.model_selection import StratifiedKFold
 
         x, labels = self.features(signals), np.asarray(labels)

@@ -17,8 +17,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _timed(fn, repeats: int) -> float:
-    fn()  # warm-up
+def _timed(fn, repeats: int, warm_up: bool = True) -> float:
+    if warm_up:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -167,8 +168,9 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     return results
 
 
-def relevance_sample(scorer, prompt_tokens: int, response_tokens: int):
-    """A real RAGTruth QA prompt cut to ``prompt_tokens`` and a real answer cut to ``response_tokens`` tokens."""
+def relevance_view(scorer, prompt_tokens: int, response_tokens: int):
+    """The token view of a real RAGTruth QA prompt cut to ``prompt_tokens`` and a real answer cut to
+    ``response_tokens`` tokens."""
     from halwatch.data.ragtruth import read_ragtruth
     from halwatch.sample import Sample
 
@@ -176,9 +178,8 @@ def relevance_sample(scorer, prompt_tokens: int, response_tokens: int):
     longest = max(read_ragtruth(split="test", generator="llama-2-7b-chat"), key=lambda s: len(s.response))
     tokenizer = scorer.model.tokenizer
     response = tokenizer.decode(tokenizer(longest.response, add_special_tokens=False)["input_ids"][:response_tokens])
-    sample = Sample(id="relevance-speed", prompt=base.prompt, response=response, context_span=base.context_span)
-    view = scorer.encode(sample)
-    return sample, view
+    return scorer.encode(Sample(id="relevance-speed", prompt=base.prompt, response=response,
+                                context_span=base.context_span))
 
 
 def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, response_tokens: int = 128,
@@ -198,7 +199,7 @@ def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, r
     logging.getLogger("halwatch").setLevel(logging.ERROR)
     scorer = Scorer(model=model, max_tokens=prompt_tokens + response_tokens, cache=None)
     sm = scorer.model
-    _, view = relevance_sample(scorer, prompt_tokens, response_tokens)
+    view = relevance_view(scorer, prompt_tokens, response_tokens)
     forward.install(sm.model)
     ids = torch.tensor([view.input_ids])
 
@@ -232,8 +233,7 @@ def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, r
         (f"lrp: whole R*, vmapped batches of {lrp.SEED_CHUNK} rows", "lrp", -1, True, 1),
     ]
     for label, method, rows, batched, n in timings:
-        seconds = _timed(lambda: relevance(method, rows, batched), n) if n > 1 else _once(
-            lambda: relevance(method, rows, batched))
+        seconds = _timed(lambda: relevance(method, rows, batched), n, warm_up=n > 1)
         results[label] = seconds
         out(f"{label:<58} {seconds:>7.2f}s {seconds / base:>9.1f}x")
     out("conservation: sum of input relevance (all input tokens) against the explained logit, mean over the "
@@ -244,9 +244,3 @@ def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, r
         results[f"conservation_{method}"] = (total - logit) / logit
         out(f"  {method:<7} relevance {total:8.3f}  logit {logit:8.3f}  relative error {(total - logit) / logit:+.2e}")
     return results
-
-
-def _once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

@@ -176,6 +176,20 @@ class Signals:
         return self.reduced[name][[index[tuple(h)] for h in heads]]
 
 
+def masked_scores(scores, mask, first_row: int):
+    """Attention scores ``[..., Q, K]`` with the layer's mask applied: ``mask`` cut to these rows and columns
+    (boolean = allowed, else additive), or ``None`` for the causal mask of queries at positions ``first_row ...``."""
+    import torch
+
+    if mask is None:
+        rows = torch.arange(first_row, first_row + scores.shape[-2], device=scores.device)[:, None]
+        cols = torch.arange(scores.shape[-1], device=scores.device)[None, :]
+        return scores.masked_fill(cols > rows, float("-inf"))
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    return scores + mask.to(scores.dtype)
+
+
 class _Capture:
     """Collects attention rows of chosen heads while the model runs, one batch at a time."""
 
@@ -209,17 +223,8 @@ class _Capture:
             end = self.lengths[b]
             scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
                                   k_sel[b, :, :end].float().transpose(-1, -2))
-            scores = scores * scaling
-            if attention_mask is None:
-                rows = torch.arange(start, end, device=scores.device)[:, None]
-                cols = torch.arange(end, device=scores.device)[None, :]
-                scores = scores.masked_fill(cols > rows, float("-inf"))
-            else:
-                mask = attention_mask[b, :, start - off:end - off, :end]
-                if mask.dtype == torch.bool:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                else:
-                    scores = scores + mask.float()
+            mask = None if attention_mask is None else attention_mask[b, :, start - off:end - off, :end]
+            scores = masked_scores(scores * scaling, mask, start)
             probs = torch.softmax(scores, dim=-1).cpu().numpy()
             if self.request.keep_attention:
                 self.rows[b][layer] = probs

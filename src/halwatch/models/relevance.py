@@ -18,16 +18,18 @@ over the embedding dimension. The rules (Achtibat et al. 2024, "AttnLRP", sectio
 ``method="lrp-cp"`` holds the attention weights constant instead (the conservative propagation of Ali et al. 2022,
 "CP-LRP"): relevance then flows through ``V`` only and is conserved from the explained logit down to the input
 embeddings (up to rounding, in a model without biases). AttnLRP's softmax rule is not conservative: the part of the
-relevance that passes through ``Q K^T`` is not preserved (in SmolLM2 about half of the logit goes missing); the
-benchmark command reports both. ``method="ixg"`` (Input x Gradient) uses the plain gradient everywhere. The rules never divide by an output, so the
-stabiliser of the epsilon rule (1e-6 in the paper, section 4.2) is not needed.
+relevance that passes through ``Q K^T`` is not preserved (in SmolLM2 about 60 % of the logit goes missing);
+``halwatch bench relevance`` reports both. ``method="ixg"`` (Input x Gradient) uses the plain gradient everywhere.
+The rules never divide by an output, so the stabiliser of the epsilon rule (1e-6 in the paper, section 4.2) is not
+needed.
 
 One backward pass per response token (the paper's way) is replaced by a batch of "seeds": the backward pass is
 linear in the gradient that seeds it, so seeding it with a weighting ``s`` of the response positions returns
 ``s @ R*`` in one go. The seeds asked for are the mean over response tokens (``R^prompt``, eq. 5), the rows of the
-eq. 7-9 resampling matrix (``R*`` resampled along the response) or the identity (``R*`` itself); they run as one
-``is_grads_batched`` backward pass in chunks. ``R^response`` (eq. 6) is a sum over input tokens, a forward-mode
-derivative: one Jacobian-vector product with the prompt's embeddings as tangent gives it for every response token.
+eq. 7-9 resampling matrix (``R*`` resampled along the response) or the identity (``R*`` itself); they run as
+vmapped (``is_grads_batched``) backward passes in chunks on an accelerator, one plain pass each on a CPU.
+``R^response`` (eq. 6) is a sum over input tokens, a forward-mode derivative: one Jacobian-vector product with the
+prompt's embeddings as tangent gives it for every response token.
 """
 
 from __future__ import annotations
@@ -173,15 +175,12 @@ def attention(module, query, key, value, attention_mask, scaling=None, **kwargs)
     value = value.repeat_interleave(groups, dim=1)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    from halwatch.models.forward import masked_scores
+
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     n_q, n_k = scores.shape[-2:]
-    if attention_mask is None:
-        rows = torch.arange(n_k - n_q, n_k, device=scores.device)[:, None]
-        scores = scores.masked_fill(torch.arange(n_k, device=scores.device)[None, :] > rows, float("-inf"))
-    elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[..., :n_k], float("-inf"))
-    else:
-        scores = scores + attention_mask[..., :n_k]
+    mask = None if attention_mask is None else attention_mask[..., :n_k]
+    scores = masked_scores(scores, mask, n_k - n_q)
     probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous()
 
