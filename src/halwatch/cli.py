@@ -434,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_bench)
+
+    from halwatch.watchdog.cli import add_parser as add_watch
+
+    add_watch(sub)
     return parser
 
 

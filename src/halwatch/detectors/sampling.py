@@ -88,18 +88,21 @@ class SelfCheckNGram(_SamplingDetector):
     citation = "Manakul et al., SelfCheckGPT, EMNLP 2023 (arXiv:2303.08896)"
 
     def raw_scores(self, signals):
-        out = []
-        for s in signals:
-            response = str(s.generations["response"])
-            counts: dict[str, int] = {}
-            for text in [*map(str, s.generations["texts"]), response]:
-                for w in words(text):
-                    counts[w] = counts.get(w, 0) + 1
-            total, vocab = sum(counts.values()), len(counts)
-            per_sentence = [np.mean([-np.log((counts[w] + 1) / (total + vocab)) for w in words(sent)])
-                            for sent in sentences(response)]
-            out.append(float(np.mean(per_sentence)) if per_sentence else 0.0)
-        return np.array(out)
+        return np.array([selfcheck_unigram(str(s.generations["response"]), list(map(str, s.generations["texts"])))
+                         for s in signals])
+
+
+def selfcheck_unigram(response: str, samples) -> float:
+    """SelfCheckGPT-unigram score of ``response`` against its sampled answers (``Avg(-log P)``, higher = less
+    consistent with the samples)."""
+    counts: dict[str, int] = {}
+    for text in [*samples, response]:
+        for w in words(text):
+            counts[w] = counts.get(w, 0) + 1
+    total, vocab = sum(counts.values()), len(counts)
+    per_sentence = [np.mean([-np.log((counts[w] + 1) / (total + vocab)) for w in words(sent)])
+                    for sent in sentences(response)]
+    return float(np.mean(per_sentence)) if per_sentence else 0.0
 
 
 class _Judged(_SamplingDetector):

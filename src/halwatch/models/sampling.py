@@ -61,7 +61,7 @@ def stop_ids(tokenizer, input_mode: str) -> tuple[set[int], set[int]]:
 
 
 def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, gen, temperature: float = 1.0,
-                top_p: float = 1.0, started=None, greedy: bool = False, on_step=None) -> dict:
+                top_p: float = 1.0, started=None, greedy: bool = False, on_step=None, top_logprobs: int = 0) -> dict:
     """Continue ``len(logits)`` sequences from a key/value ``cache`` (one row each) for at most ``steps`` tokens.
 
     ``logits`` [n, V]: the next-token logits after the cached tokens. Tokens are drawn by temperature and nucleus
@@ -71,13 +71,15 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
     the model; ``on_step(out, fed_rows)`` sees each such forward output.
 
     Returns ``tokens`` (per row, the stop line break kept, the end token not), ``done`` [n], ``started`` [n] and
-    ``logprob`` [n] (sum of token log-probabilities at temperature 1).
+    ``logprob`` [n] (sum of token log-probabilities at temperature 1); with ``top_logprobs`` = k > 0 also ``top``:
+    per row, per kept token, ``(log-probability, [(token id, log-probability)] of the k most likely at that step)``.
     """
     import torch
 
     n = logits.shape[0]
     eos, stop = stop_ids(tokenizer, input_mode)
     tokens: list[list[int]] = [[] for _ in range(n)]
+    top: list[list] = [[] for _ in range(n)]
     logprob = np.zeros(n)
     done = np.zeros(n, dtype=bool)
     started = np.zeros(n, dtype=bool) if started is None else np.array(started, dtype=bool)
@@ -94,9 +96,12 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
             probs[torch.from_numpy(~started)[:, None] & stop_mask[None, :]] = 0.0
         nxt = probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=gen)[:, 0]
         fed = []
+        best = logp.topk(top_logprobs, dim=-1) if top_logprobs else None
         for b in np.flatnonzero(~done):
             t = int(nxt[b])
             logprob[b] += float(logp[b, t])
+            if best is not None:
+                top[b].append((float(logp[b, t]), list(zip(best.indices[b].tolist(), best.values[b].tolist()))))
             if t in stop and (t in eos or started[b]):
                 done[b] = True
                 if t not in eos:
@@ -112,7 +117,10 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
         logits = out.logits[:, -1].float()
         if on_step is not None and fed:
             on_step(out, fed)
-    return {"tokens": tokens, "done": done, "started": started, "logprob": logprob}
+    out = {"tokens": tokens, "done": done, "started": started, "logprob": logprob}
+    if top_logprobs:
+        out["top"] = top
+    return out
 
 
 def answer_text(tokenizer, token_ids, input_mode: str) -> str:

@@ -1,0 +1,121 @@
+"""``halwatch watch``: explore an agent's generalization bound, check queries, serve a local model over an
+OpenAI-compatible HTTP API, and benchmark the monitor."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+from halwatch.watchdog.monitor import EPSILON
+
+TARGET_HELP = "target agent's LLM: local:MODEL (default local:smollm2-135m) or http(s)://HOST:PORT/v1[#MODEL]"
+
+
+def _client_options(p) -> None:
+    p.add_argument("--target", default="local:smollm2-135m", help=TARGET_HELP)
+    p.add_argument("--timeout", type=float, default=60.0, help="HTTP clients: seconds per request (default 60)")
+    p.add_argument("--retries", type=int, default=3, help="HTTP clients: retries with backoff (default 3)")
+    p.add_argument("--concurrency", type=int, default=4, help="HTTP clients: requests in flight (default 4)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("watch", help="HalMit watchdog: explore an agent's generalization bound, check queries",
+                       description="HalMit (Liu et al.): a black-box watchdog for a RAG agent over one SQuAD domain. "
+                                   "`explore` finds queries the agent hallucinates on (fractal query generation, "
+                                   "reinforced transform probabilities) and stores them as boundary points; `check` "
+                                   "tells whether a new query is likely to produce a hallucination (Algorithm 1).")
+    wsub = p.add_subparsers(dest="watch_cmd", required=True, metavar="ACTION")
+
+    pe = wsub.add_parser("explore", help="explore a domain's generalization bound into a vector store (resumable)")
+    pe.add_argument("--domain", required=True, help="SQuAD article title, e.g. Warsaw or 'Harvard University'")
+    pe.add_argument("--store", required=True, help="sqlite:PATH (or PATH.db), postgresql://..., or pgserver:DIR")
+    _client_options(pe)
+    pe.add_argument("--generator", help="query-generation agents' LLM (default: the target's)")
+    pe.add_argument("--judge", help="evaluation agent's judge LLM for queries without a reference (default: none, "
+                                    "the faithfulness check against the retrieved context)")
+    pe.add_argument("--policy", choices=["reinforced", "random"], default="reinforced",
+                    help="transform probabilities: the policy network (default) or random (Figure 6's baseline)")
+    pe.add_argument("--k", type=int, default=5, help="sampled answers per query for semantic entropy (default 5)")
+    pe.add_argument("--paths", type=int, default=4, help="concurrent exploration paths (default 4)")
+    pe.add_argument("--seeds", type=int, default=10, dest="n_seeds", help="seed questions (default 10)")
+    pe.add_argument("--gamma", type=float, default=0.6, dest="gamma_stop",
+                    help="stop when the hallucinated share reaches this (default 0.6)")
+    pe.add_argument("--min-queries", type=int, default=20, help="explore at least this many queries (default 20)")
+    pe.add_argument("--max-queries", type=int, default=100, help="explore at most this many queries (default 100)")
+    pe.add_argument("--max-depth", type=int, default=6, help="steps before a path restarts from a seed (default 6)")
+    pe.add_argument("--sample-temperature", type=float, default=0.5,
+                    help="temperature of the k sampled answers (default 0.5)")
+    pe.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+    pc = wsub.add_parser("check", help="is a query likely to produce a hallucination? (JSON verdict)")
+    pc.add_argument("query", help="the query to check")
+    pc.add_argument("--store", required=True, help="an explored store")
+    pc.add_argument("--domain", help="the domain (default: the store's)")
+    pc.add_argument("--epsilon", type=float, default=EPSILON, help=f"similarity threshold (default {EPSILON})")
+    pc.add_argument("--k", type=int, default=5, help="sampled answers for the query's entropy (default 5)")
+    _client_options(pc)
+
+    pb = wsub.add_parser("bench", help="monitor vs predictive probability, ICL judge, SelfCheckGPT on held-out "
+                                       "questions of the domain")
+    pb.add_argument("--domain", required=True)
+    pb.add_argument("--store", required=True, help="an explored store of that domain")
+    pb.add_argument("--n-test", type=int, default=40, help="held-out questions (default 40)")
+    pb.add_argument("--k", type=int, default=5)
+    pb.add_argument("--epsilon", type=float, default=EPSILON)
+    pb.add_argument("--judge", help="ICL judge's LLM (default: the target's)")
+    pb.add_argument("--out", help="write the results (JSON) here")
+    _client_options(pb)
+
+    ps = wsub.add_parser("serve-llm", help="serve a local model over an OpenAI-compatible chat API")
+    ps.add_argument("--model", default="smollm2-135m", help="registry name or Hugging Face folder")
+    ps.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    ps.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_watch)
+
+
+def _options(args) -> dict:
+    return {"timeout": args.timeout, "retries": args.retries, "concurrency": args.concurrency}
+
+
+def cmd_watch(args) -> int:
+    from halwatch.watchdog import run
+
+    if args.watch_cmd == "explore":
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=args.max_queries, desc=f"explore {args.domain}", unit="query", disable=args.quiet)
+
+        def progress(explorer, event):
+            probs = next((e["probabilities"] for e in reversed(explorer.events) if e.get("probabilities")), None)
+            bar.n = len(explorer.events)
+            bar.set_postfix(points=explorer.store.count(), gamma=f"{explorer.gamma:.2f}",
+                            p="/".join(f"{x:.2f}" for x in probs) if probs else "-")
+
+        config = {k: getattr(args, k) for k in ("policy", "k", "paths", "n_seeds", "gamma_stop", "min_queries",
+                                                 "max_queries", "max_depth", "sample_temperature", "seed")}
+        try:
+            summary = run.explore(args.domain, args.store, args.target, args.generator, args.judge, progress,
+                                  _options(args), **config)
+        finally:
+            bar.close()
+        print(json.dumps(summary, indent=1))
+    elif args.watch_cmd == "check":
+        print(json.dumps(run.check(args.query, args.store, args.target, args.k, args.epsilon, args.domain,
+                                   _options(args)), indent=1, ensure_ascii=False))
+    elif args.watch_cmd == "bench":
+        result = run.bench(args.domain, args.store, args.target, args.judge, args.n_test, args.k, args.epsilon,
+                           out=args.out, client_options=_options(args), progress=not args.quiet)
+        print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1, default=float))
+    elif args.watch_cmd == "serve-llm":
+        from halwatch.watchdog.clients import LocalClient
+        from halwatch.watchdog.llm_server import start_server
+
+        server = start_server(LocalClient(args.model), args.host, args.port)
+        host, port = server.server_address[:2]
+        print(f"serving {args.model} at http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr)
+        try:
+            threading.Event().wait()
+        finally:
+            server.shutdown()
+    return 0

@@ -1,0 +1,179 @@
+"""HalMit's vector stores (SQLite + sqlite-vec, PostgreSQL + pgvector from the pgserver wheel) and the monitor
+(Algorithm 1, eq. 7): the same tests on both backends, with hand-built stores."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from halwatch.watchdog.embed import DIM
+from halwatch.watchdog.monitor import decide
+from halwatch.watchdog.store import StoreError, open_store
+
+BACKENDS = ["sqlite", "pgserver"]
+
+
+@pytest.fixture(scope="module")
+def pg_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("pg") / "data"
+
+
+def _uri(backend, tmp_path, pg_folder, name="store"):
+    if backend == "sqlite":
+        return f"sqlite:{tmp_path / (name + '.db')}"
+    return f"pgserver:{pg_folder}"
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path, pg_folder):
+    s = open_store(_uri(request.param, tmp_path, pg_folder))
+    if request.param == "pgserver":  # one server for the module: start each test from empty tables
+        with s._tx():
+            for table in ("vectors", "points", "events", "meta"):
+                s._exec(f"DELETE FROM {table}")
+    yield s
+    s.close()
+
+
+def unit(*pairs):
+    """A unit vector in R^384 from (axis, value) pairs."""
+    v = np.zeros(DIM, dtype=np.float32)
+    for axis, value in pairs:
+        v[axis] = value
+    return v / np.linalg.norm(v)
+
+
+def near(sim, axis=1):
+    """A unit vector with cosine similarity ``sim`` to axis 0."""
+    return unit((0, sim), (axis, math.sqrt(1 - sim ** 2)))
+
+
+def test_record_read_and_search(store):
+    a = store.add_point("q-a", near(0.95, 1), 1.2, ["x", "y"], "ctx a", "gqa")
+    b = store.add_point("q-b", near(0.5, 2), 0.4, ["z"], "ctx b", "faithfulness")
+    store.record({"query": "grounded", "hallucinated": 0, "entropy": 0.1, "probabilities": [0.2, 0.3, 0.5]},
+                 meta={"gamma": 2 / 3, "domain": "Warsaw"})
+    assert store.count() == 2
+    assert store.meta() == {"gamma": pytest.approx(2 / 3), "domain": "Warsaw"}
+    events = store.events()
+    assert [e["query"] for e in events] == ["q-a", "q-b", "grounded"]
+    assert events[-1]["probabilities"] == [0.2, 0.3, 0.5] and events[-1]["hallucinated"] == 0
+    found = store.nearest(unit((0, 1.0)), 5)
+    assert [p["id"] for p, _, _ in found] == [a, b]
+    assert [s for _, s, _ in found] == pytest.approx([0.95, 0.5], abs=1e-5)
+    assert found[0][0]["answers"] == ["x", "y"] and found[0][0]["context"] == "ctx a"
+    np.testing.assert_allclose(found[0][2], near(0.95, 1), atol=1e-6)
+    assert store.integrity() == "ok"
+
+
+def test_bad_vectors_are_refused_and_nothing_is_written(store):
+    for bad in (np.zeros(DIM), np.ones(10), np.full(DIM, np.nan)):
+        with pytest.raises(StoreError):
+            store.add_point("bad", bad, 0.0)
+    assert store.count() == 0 and store.events() == []  # the event row was rolled back with the point
+
+
+def test_monitor_case_1_centroid(store):
+    """Three points above eps: the query is compared with the similarity-weighted centroid (eq. 7)."""
+    points = [near(0.97, 1), near(0.9, 2), near(0.85, 3)]
+    for i, v in enumerate(points):
+        store.add_point(f"p{i}", v, entropy=0.5)
+    store.add_point("far", unit((4, 1.0)), entropy=0.1)
+    q = unit((0, 1.0))
+    sims = np.array([0.97, 0.9, 0.85])
+    centroid = (sims[:, None] * np.stack(points)).sum(0) / sims.sum()
+    expected = float(q @ centroid / np.linalg.norm(centroid))
+    verdict = decide(store, q, query_entropy=None, epsilon=0.8)
+    assert verdict["case"] == "centroid" and verdict["hallucination"] is True and verdict["score"] >= 0.5
+    assert verdict["centroid_similarity"] == pytest.approx(expected, abs=1e-4)
+    assert [n["query"] for n in verdict["neighbours"]] == ["p0", "p1", "p2"]
+    assert [n["similarity"] for n in verdict["neighbours"]] == pytest.approx(sims, abs=1e-4)
+
+
+@pytest.mark.parametrize("query_entropy,flagged", [(1.2, True), (0.3, False)])
+def test_monitor_cases_2_and_3_entropy(store, query_entropy, flagged):
+    """Fewer than three points above eps: the query's entropy against the most similar point's."""
+    store.add_point("close", near(0.9, 1), entropy=0.7)
+    store.add_point("closer-but-one", near(0.85, 2), entropy=2.0)
+    store.add_point("far", near(0.3, 3), entropy=5.0)
+    q = unit((0, 1.0))
+    assert decide(store, q, None, 0.8)["case"] == "needs entropy"
+    verdict = decide(store, q, query_entropy, 0.8)
+    assert verdict["case"] == ("entropy above" if flagged else "entropy below")
+    assert verdict["hallucination"] is flagged and (verdict["score"] >= 0.5) is flagged
+    assert verdict["query_entropy"] == query_entropy and verdict["neighbours"][0]["entropy"] == 0.7
+
+
+WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from halwatch.watchdog.store import open_store
+    store = open_store(sys.argv[1])
+    rng = np.random.default_rng(0)
+    print("ready", flush=True)
+    i = 0
+    while True:
+        hallucinated = i % 2 == 0
+        store.record({"query": f"q{i}", "hallucinated": int(hallucinated), "entropy": 0.5, "path": 0, "depth": i},
+                     {"query": f"q{i}", "answers": ["a"] * 50, "entropy": 0.5, "context": "c" * 5000}
+                     if hallucinated else None, rng.normal(size=384), meta={"evaluated": i + 1})
+        i += 1
+""")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_writer_leaves_a_consistent_store(backend, tmp_path, pg_folder):
+    """Kill the writer (SIGKILL) in the middle of its stream of transactions; reopen: nothing is corrupt, every
+    event's point and vector are there, the meta matches the events, and writing goes on."""
+    uri = _uri(backend, tmp_path, pg_folder, "durable")
+    if backend == "pgserver":
+        s = open_store(uri)
+        with s._tx():
+            for table in ("vectors", "points", "events", "meta"):
+                s._exec(f"DELETE FROM {table}")
+        s.close()
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, uri], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = open_store(uri)
+    try:
+        events = store.events()
+        assert len(events) > 5
+        assert store.integrity() == "ok"
+        n_hallucinated = sum(e["hallucinated"] for e in events)
+        assert store.count() == n_hallucinated
+        assert len(store.nearest(np.ones(DIM), n_hallucinated + 5)) == n_hallucinated
+        assert store.meta()["evaluated"] == len(events)
+        assert [e["query"] for e in events] == [f"q{i}" for i in range(len(events))]
+        store.record({"query": "after", "hallucinated": 0})
+        assert store.events()[-1]["query"] == "after"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("uri,message", [
+    ("ftp://example/x", "unknown store"),
+    ("sqlite:", "needs a file path"),
+    ("postgresql://nobody@127.0.0.1:1/none", "cannot open the PostgreSQL store"),
+])
+def test_bad_store_uris(uri, message):
+    with pytest.raises(StoreError, match=message):
+        open_store(uri)
+
+
+def test_sqlite_store_on_a_folder_or_a_non_database(tmp_path):
+    with pytest.raises(StoreError, match="folder"):
+        open_store(f"sqlite:{tmp_path}")
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database " * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        open_store(str(junk))
+    assert junk.read_text().startswith("not a database")  # left as it was
