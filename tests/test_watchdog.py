@@ -281,6 +281,29 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     assert verdict["case"] in ("centroid", "entropy above", "entropy below", "empty store")
     assert len(verdict["neighbours"]) == min(3, second["boundary_points"])
 
+    # the benchmark harness on held-out questions (after the seed pool), and the Figure 6 curve
+    out = tmp_path / "bench.json"
+    assert main(["-q", "watch", "bench", "--domain", "Harvard_University", "--store", str(store), "--n-test", "3",
+                 "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    result = json.loads(out.read_text())
+    assert summary["n_test"] == 3 and set(summary["metrics"]) == {"halmit", "pp", "icl", "selfcheckgpt",
+                                                                     "semantic-entropy"}
+    seeds, rest = seed_questions(Domain("Harvard_University"), 10, 0)
+    assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:3]]
+    for r in result["rows"]:
+        assert r["label"] == int(gqa_label(r["answer"], next(q.answers for q in rest if q.id == r["id"])).hallucinated)
+        assert r["halmit_flag"] == (r["scores"]["halmit"] >= 0.5) and r["scores"]["pp"] > 0
+        assert 0 <= r["scores"]["icl"] <= 1 and r["entropy"] <= math.log(2) + 1e-6  # k = 2 from the store
+    png = tmp_path / "fig6.png"
+    assert main(["watch", "curve", "--store", str(store), "--out", str(png)]) == 0
+    curve = json.loads(capsys.readouterr().out)["Harvard University / reinforced"]
+    db = open_store(str(store))
+    assert curve["entropy"] == pytest.approx([e["entropy"] for e in db.events()], abs=1e-4)
+    db.close()
+    h = np.array(curve["entropy"])
+    assert curve["volatility"] == pytest.approx(np.abs(np.diff(h)).mean(), abs=1e-4) and png.stat().st_size > 1000
+
     missing = tmp_path / "none.db"
     assert main(["watch", "explore", "--domain", "Atlantis", "--store", str(missing)]) == 2
     assert "no SQuAD article titled 'Atlantis'" in capsys.readouterr().err and not missing.exists()

@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
     pc.add_argument("--store", required=True, help="an explored store")
     pc.add_argument("--domain", help="the domain (default: the store's)")
     pc.add_argument("--epsilon", type=float, default=EPSILON, help=f"similarity threshold (default {EPSILON})")
-    pc.add_argument("--k", type=int, default=5, help="sampled answers for the query's entropy (default 5)")
+    pc.add_argument("--k", type=int, help="sampled answers for the query's entropy (default: the store's k)")
     _client_options(pc)
 
     pb = wsub.add_parser("bench", help="monitor vs predictive probability, ICL judge, SelfCheckGPT on held-out "
@@ -61,11 +61,16 @@ def add_parser(sub) -> None:
     pb.add_argument("--domain", required=True)
     pb.add_argument("--store", required=True, help="an explored store of that domain")
     pb.add_argument("--n-test", type=int, default=40, help="held-out questions (default 40)")
-    pb.add_argument("--k", type=int, default=5)
+    pb.add_argument("--k", type=int, help="sampled answers per question (default: the store's k)")
     pb.add_argument("--epsilon", type=float, default=EPSILON)
     pb.add_argument("--judge", help="ICL judge's LLM (default: the target's)")
     pb.add_argument("--out", help="write the results (JSON) here")
     _client_options(pb)
+
+    pf = wsub.add_parser("curve", help="entropy over the final exploration steps of stores (Figure 6)")
+    pf.add_argument("--store", action="append", required=True, help="an explored store (repeat to compare)")
+    pf.add_argument("--last", type=int, default=30, help="final steps to show (default 30)")
+    pf.add_argument("--out", help="write the plot (PNG) here")
 
     ps = wsub.add_parser("serve-llm", help="serve a local model over an OpenAI-compatible chat API")
     ps.add_argument("--model", default="smollm2-135m", help="registry name or Hugging Face folder")
@@ -87,7 +92,7 @@ def cmd_watch(args) -> int:
         bar = tqdm(total=args.max_queries, desc=f"explore {args.domain}", unit="query", disable=args.quiet)
 
         def progress(explorer, event):
-            probs = next((e["probabilities"] for e in reversed(explorer.events) if e.get("probabilities")), None)
+            probs = explorer.policy_probabilities()
             bar.n = len(explorer.events)
             bar.set_postfix(points=explorer.store.count(), gamma=f"{explorer.gamma:.2f}",
                             p="/".join(f"{x:.2f}" for x in probs) if probs else "-")
@@ -107,6 +112,8 @@ def cmd_watch(args) -> int:
         result = run.bench(args.domain, args.store, args.target, args.judge, args.n_test, args.k, args.epsilon,
                            out=args.out, client_options=_options(args), progress=not args.quiet)
         print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1, default=float))
+    elif args.watch_cmd == "curve":
+        print(json.dumps(run.curves(args.store, args.last, args.out), indent=1))
     elif args.watch_cmd == "serve-llm":
         from halwatch.watchdog.clients import LocalClient
         from halwatch.watchdog.llm_server import start_server

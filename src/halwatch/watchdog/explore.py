@@ -112,7 +112,8 @@ class Explorer:
             if key in meta and meta[key] != value:
                 raise HalwatchError(f"the store was explored with {key} = {meta[key]!r}, not {value!r}: use another "
                                     f"store or the same settings")
-        self.store.set_meta(**mine, target=self.agent.client.name, generator=self.generator.name)
+        self.store.set_meta(**mine, target=self.agent.client.name, generator=self.generator.name,
+                            sample_temperature=self.config.sample_temperature)
 
     def _replay(self) -> None:
         """Counters, policy transitions and path ends from the store's events (resuming)."""
@@ -220,10 +221,16 @@ class Explorer:
         calls = {c.name: c.calls - calls0[k] for k, c in clients.items()}
         return self.summary(time.perf_counter() - t0, len(self.events) - before, calls)
 
+    def policy_probabilities(self):
+        """The transform probabilities of the last step that drew them from the policy (a hallucinated parent)."""
+        hallucinated = {e["id"] for e in self.events if e["hallucinated"]}
+        return next((e["probabilities"] for e in reversed(self.events)
+                     if e.get("probabilities") and e["parent"] in hallucinated), None)
+
     def summary(self, seconds: float = 0.0, new: int = 0, calls: dict | None = None) -> dict:
         """The exploration so far; ``calls``: LLM calls of this run per client (a client playing several agents
         is counted once)."""
-        last = next((e["probabilities"] for e in reversed(self.events) if e.get("probabilities")), None)
+        last = self.policy_probabilities()
         return {"domain": self.agent.domain.title, "policy": self.config.policy, "evaluated": len(self.events),
                 "new": new, "boundary_points": self.store.count(), "gamma": round(self.gamma, 4),
                 "stopped": ("gamma" if self.gamma >= self.config.gamma_stop and len(self.events) >= self.config.min_queries

@@ -67,14 +67,24 @@ def _agent_for(db, target, clients, domain=None):
     return TargetAgent(Domain(domain), clients.get(target))
 
 
-def check(query: str, store: str, target: str = "local:smollm2-135m", k: int = 5,
-          epsilon: float = monitor.EPSILON, domain: str | None = None, client_options: dict | None = None) -> dict:
+def _sampling(db, k, temperature) -> tuple[int, float]:
+    """``k`` and the sampling temperature of the query's entropy: as given, else as the store was explored with
+    (so that the query's entropy is comparable with the points')."""
+    meta = db.meta()
+    return (k or meta.get("k", 5)), (temperature or meta.get("sample_temperature", 0.5))
+
+
+def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | None = None,
+          epsilon: float = monitor.EPSILON, domain: str | None = None, client_options: dict | None = None,
+          temperature: float | None = None) -> dict:
     """Algorithm 1 verdict for ``query`` against the boundary points in ``store``."""
     async def main():
         clients = _Clients(**(client_options or {}))
         db = open_store(store)
         try:
-            return await check_query(query, db, _agent_for(db, target, clients, domain), k=k, epsilon=epsilon)
+            k_, t_ = _sampling(db, k, temperature)
+            return await check_query(query, db, _agent_for(db, target, clients, domain), k=k_, epsilon=epsilon,
+                                     temperature=t_)
         finally:
             await clients.aclose()
             db.close()
@@ -141,7 +151,7 @@ def _metrics(labels, scores, flags=None) -> dict:
 
 
 def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: str | None = None, n_test: int = 40,
-          k: int = 5, epsilon: float = monitor.EPSILON, temperature: float = 0.5, seed: int = 0, out=None,
+          k: int | None = None, epsilon: float = monitor.EPSILON, temperature: float | None = None, seed: int = 0, out=None,
           client_options: dict | None = None, progress: bool = True) -> dict:
     """Monitor vs baselines on ``n_test`` held-out questions of ``domain`` (the shuffle after the seed pool),
     labelled by the GQA rule on the agent's greedy answer."""
@@ -155,12 +165,13 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
             if not db.count():
                 raise HalwatchError(f"the store {store} has no boundary points: run `halwatch watch explore` first")
             agent = TargetAgent(Domain(domain), clients.get(target))
+            k_, t_ = _sampling(db, k, temperature)
             seeds, rest = seed_questions(agent.domain, meta.get("n_seeds", 10), meta.get("seed", seed))
             demos = _icl_demos(agent.domain, seeds)
             rows = []
             for i, q in enumerate(tqdm(rest[:n_test], desc="watch bench", unit="question", disable=not progress)):
-                rows.append(await _score_question(q, agent, clients.get(judge or target), db, demos, k, epsilon,
-                                                  temperature, seed + i))
+                rows.append(await _score_question(q, agent, clients.get(judge or target), db, demos, k_, epsilon,
+                                                  t_, seed + i))
             return rows, meta
         finally:
             await clients.aclose()
@@ -172,7 +183,7 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
                             [r["halmit_flag"] for r in rows] if name == "halmit" else None)
              for name in rows[0]["scores"]}
     result = {"domain": domain, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
-              "epsilon": epsilon, "k": k, "exploration": {key: meta.get(key) for key in
+              "epsilon": epsilon, "exploration": {key: meta.get(key) for key in
                                                           ("policy", "evaluated", "hallucinated", "gamma")},
               "cases": {c: sum(r["halmit_case"] == c for r in rows) for c in {r["halmit_case"] for r in rows}},
               "metrics": table, "rows": rows}
@@ -181,4 +192,35 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
         tmp = Path(str(out) + ".tmp")
         tmp.write_text(json.dumps(result, indent=1, default=float))
         tmp.replace(out)
+    return result
+
+
+def curves(stores, last: int = 30, out=None) -> dict:
+    """Figure 6: the semantic entropy of the last ``last`` explored queries of each store (one per policy), with a
+    summary per curve: mean, least-squares slope per step, mean absolute step-to-step change (volatility) and the
+    share of steps that keep or raise the entropy. ``out``: a PNG of the curves."""
+    from halwatch.watchdog.explore import entropy_curve
+
+    result = {}
+    for uri in stores:
+        db = open_store(uri)
+        try:
+            meta, events = db.meta(), db.events()
+        finally:
+            db.close()
+        h = np.array(entropy_curve(events, last))
+        if len(h) < 2:
+            raise HalwatchError(f"the store {uri} has fewer than two explored queries")
+        steps = np.diff(h)
+        name = f"{meta.get('domain')} / {meta.get('policy')}"
+        result[name] = {"store": uri, "entropy": h.round(4).tolist(), "mean": round(float(h.mean()), 4),
+                        "slope": round(float(np.polyfit(np.arange(len(h)), h, 1)[0]), 5),
+                        "volatility": round(float(np.abs(steps).mean()), 4),
+                        "non_decreasing": round(float((steps >= 0).mean()), 3)}
+    if out:
+        from halwatch.eval.report import plot_lines
+
+        plot_lines({name: [(i + 1, v, 0.0) for i, v in enumerate(c["entropy"])] for name, c in result.items()},
+                   Path(out), "exploration step (last steps)", "semantic entropy (nats)",
+                   "Entropy over the final exploration steps (HalMit Fig. 6)")
     return result
