@@ -25,7 +25,7 @@ demo: model
 	$(BIN)/halwatch score --input src/halwatch/examples/demo.jsonl --output -
 
 test: model
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

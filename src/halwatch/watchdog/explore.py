@@ -14,7 +14,8 @@ questions, which carry reference answers) and grows one query per step (eq. 1):
    query becomes a boundary point in the store, with its answers, entropy, context and embedding;
 4. the reward (eq. 2), the state (eq. 4) and the transition feed the policy, refitted every ``fit_every`` steps.
 
-A path restarts from the next seed after ``max_depth`` steps. ``gamma``, the share of hallucinated queries, stops
+A path restarts from the next seed after ``max_depth`` steps (a seed is answered once; a path that comes back to it
+branches from its stored evaluation). ``gamma``, the share of hallucinated queries, stops
 the exploration once it reaches ``gamma_stop`` after ``min_queries``, or at ``max_queries``. Every step is one
 transaction in the store, and a new run on the same store resumes from its events.
 """
@@ -92,6 +93,8 @@ def clean_query(text: str) -> str:
 
 
 class Explorer:
+    ATTEMPTS = 3
+
     def __init__(self, agent, generator, evaluator, store, config: ExploreConfig, progress=None):
         self.agent, self.generator, self.evaluator, self.store, self.config = agent, generator, evaluator, store, config
         self.progress = progress
@@ -132,7 +135,9 @@ class Explorer:
                 self.transitions.append((by_id[e["parent"]]["state"], pol.TRANSFORMS.index(e["transform"]),
                                          e["reward"]))
             self.tails[e["path"]] = {**e, "start": starts.get(e["path"], e["query"])}
-        self.next_seed = sum(1 for e in self.events if e["depth"] == 0)
+        self.seed_events = {e["query"]: {**e, "start": e["query"]} for e in self.events if e["depth"] == 0}
+        self.asked = {e["query"] for e in self.events}
+        self.next_seed = self.store.meta().get("next_seed", len(self.seed_events))  # seeds drawn so far
         if self.transitions:
             self.policy.fit(*zip(*self.transitions))
 
@@ -145,21 +150,31 @@ class Explorer:
         return n >= c.max_queries or (n >= c.min_queries and self.gamma >= c.gamma_stop)
 
     async def _new_query(self, tail, rng):
-        """The next query of a path: a seed, or a transform of the path's last query."""
+        """The next query of a path: a seed, or a transform of the path's last query. A query asked before (or being
+        asked by another path) is not asked again: the transform is drawn again (``ATTEMPTS`` times), then the path
+        restarts from the next seed."""
         c = self.config
         if tail is None or tail["depth"] + 1 >= c.max_depth:
             question = self.seeds[self.next_seed % len(self.seeds)]
             self.next_seed += 1
-            return question.question, question.answers, None, None, None
+            if question.question not in self.asked:
+                self.asked.add(question.question)
+                return question.question, question.answers, None, None, None
+            if question.question not in self.seed_events:  # another path is asking it right now
+                await asyncio.sleep(0.05)  # (when every seed is in flight, wait for one to be recorded)
+                return await self._new_query(None, rng)
+            tail = self.seed_events[question.question]  # explored before: branch from it again, do not re-ask it
         probs = self.policy.probabilities(tail["state"]) if tail["hallucinated"] else np.full(3, 1 / 3)
-        transform = pol.TRANSFORMS[int(rng.choice(3, p=probs))]
-        out = await self.generator.chat(transform_messages(transform, self.agent.domain.title, tail["query"]),
-                                        temperature=0.7,
-                                        max_tokens=c.query_tokens, seed=int(rng.integers(1 << 30)))
-        query = clean_query(out[0].text)
-        if not query:
-            return await self._new_query(None, rng)
-        return query, None, transform, probs, tail
+        for _ in range(self.ATTEMPTS):
+            transform = pol.TRANSFORMS[int(rng.choice(3, p=probs))]
+            out = await self.generator.chat(transform_messages(transform, self.agent.domain.title, tail["query"]),
+                                            temperature=0.7, max_tokens=c.query_tokens,
+                                            seed=int(rng.integers(1 << 30)))
+            query = clean_query(out[0].text)
+            if query and query not in self.asked:
+                self.asked.add(query)
+                return query, None, transform, probs, tail
+        return await self._new_query(None, rng)
 
     async def step(self, path: int, rng) -> dict:
         c = self.config
@@ -191,8 +206,11 @@ class Explorer:
             n_h = self.n_hallucinated + int(label.hallucinated)
             n = len(self.events) + 1
             event["id"] = self.store.record(event, point, q_vec if point else None,
-                                            meta={"evaluated": n, "hallucinated": n_h, "gamma": n_h / n})
+                                            meta={"evaluated": n, "hallucinated": n_h, "gamma": n_h / n,
+                                                  "next_seed": self.next_seed})
             self.events.append(event)
+            if parent is None:
+                self.seed_events[query] = {**event, "start": query}
             self.n_hallucinated = n_h
             self.tails[path] = {**event, "start": start}
             if transform is not None:
