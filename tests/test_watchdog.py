@@ -152,10 +152,13 @@ def test_http_client_against_the_local_model_server(local, llm_server):
     direct = local.complete(messages, n=1, temperature=0.0, max_tokens=8, top_logprobs=3)[0]
     assert calls == 2 and len(remote) == 2 and len(sampled) == 3
     assert remote[0].text == remote[1].text == direct.text and direct.text
-    assert remote[0].n_tokens == direct.n_tokens
+    assert remote[0].n_tokens == direct.n_tokens and remote[0].tokens == direct.tokens
+    assert "".join(direct.tokens).strip() == direct.text and remote[0].finished == direct.finished
     assert remote[0].logprob == pytest.approx(direct.logprob, abs=1e-4)
     assert remote[0].top_first == pytest.approx(direct.top_first, abs=1e-4) and len(direct.top_first) == 3
     assert max(direct.top_first.values()) == pytest.approx(direct.token_logprobs[0], abs=1e-5)  # greedy: the best
+    cut = local.complete(messages, n=1, temperature=0.0, max_tokens=2)[0]
+    assert not cut.finished and cut.n_tokens == 2  # cut at max_tokens: "length"
     again = local.complete(messages, n=3, temperature=1.0, max_tokens=8, seed=7)
     assert [c.text for c in sampled] == [c.text for c in again]  # seeded sampling is reproducible over HTTP
 

@@ -35,6 +35,8 @@ class Completion:
     n_tokens: int = 0  # tokens scored in ``logprob`` (a finished answer's end token included)
     top_first: dict = field(default_factory=dict)  # first token: {token text: log-probability} of the top choices
     token_logprobs: list = field(default_factory=list)  # per token, when asked for
+    tokens: list = field(default_factory=list)  # the scored tokens' texts, when asked for ("" for an end token)
+    finished: bool = True  # False when cut at max_tokens
 
     @property
     def mean_logprob(self) -> float:
@@ -91,8 +93,9 @@ class LocalClient:
             steps = drawn["top"][b] if top_logprobs else []
             top = {tok.decode([t]): lp for t, lp in steps[0][1]} if steps else {}
             scored = len(toks) + int(drawn["done"][b])  # chat mode: a finished answer also scored its end token
+            texts = [tok.decode([t]) for t in toks] + [""] * int(drawn["done"][b]) if steps else []
             result.append(Completion(answer_text(tok, toks, "chat"), float(drawn["logprob"][b]), scored, top,
-                                     [lp for lp, _ in steps]))
+                                     [lp for lp, _ in steps], texts, bool(drawn["done"][b])))
         return result
 
     async def chat(self, messages, n=1, temperature=0.0, max_tokens=64, seed=0, top_logprobs=0) -> list[Completion]:
@@ -162,7 +165,8 @@ class OpenAIClient:
                 top = {t["token"]: t["logprob"] for t in tokens[0].get("top_logprobs", [])} if tokens else {}
                 logprob = sum(t["logprob"] for t in tokens) if tokens else float("nan")
                 result.append(Completion(choice["message"]["content"] or "", logprob, len(tokens), top,
-                                         [t["logprob"] for t in tokens]))
+                                         [t["logprob"] for t in tokens], [t.get("token", "") for t in tokens],
+                                         choice.get("finish_reason") != "length"))
         except (KeyError, TypeError, IndexError):
             raise EndpointError(f"{self.base_url}: not an OpenAI chat completion reply: {str(data)[:200]}") from None
         return result

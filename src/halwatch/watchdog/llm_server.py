@@ -65,11 +65,12 @@ def _handler(client: LocalClient, model_name: str):
                 return self._error(400, str(exc))
             choices = []
             for i, c in enumerate(completions):
-                choice = {"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": "stop"}
+                choice = {"index": i, "message": {"role": "assistant", "content": c.text},
+                          "finish_reason": "stop" if c.finished else "length"}
                 if req.get("logprobs"):  # every token's log-probability; the first token's alternatives
                     first = [{"token": t, "logprob": lp} for t, lp in list(c.top_first.items())[:top]]
-                    choice["logprobs"] = {"content": [{"logprob": lp, "top_logprobs": first if k == 0 else []}
-                                                      for k, lp in enumerate(c.token_logprobs)]}
+                    choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "top_logprobs": first if k == 0 else []}
+                                                      for k, (t, lp) in enumerate(zip(c.tokens, c.token_logprobs))]}
                 choices.append(choice)
             self._send(200, {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion",
                              "created": int(time.time()), "model": model_name, "choices": choices})
