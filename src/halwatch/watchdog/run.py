@@ -196,9 +196,10 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
 
 
 def curves(stores, last: int = 30, out=None) -> dict:
-    """Figure 6: the semantic entropy of the last ``last`` explored queries of each store (one per policy), with a
-    summary per curve: mean, least-squares slope per step, mean absolute step-to-step change (volatility) and the
-    share of steps that keep or raise the entropy. ``out``: a PNG of the curves."""
+    """Figure 6: the semantic entropy of the last ``last`` explored queries of each store (one per policy, in the
+    order they were recorded, paths interleaved), with a summary per curve: mean, least-squares slope per step, mean
+    absolute step-to-step change (volatility), the share of steps that keep or raise the entropy, and the mean
+    entropy at each path depth (0 = seed) over the whole exploration. ``out``: a PNG of the curves."""
     from halwatch.watchdog.explore import entropy_curve
 
     result = {}
@@ -213,10 +214,13 @@ def curves(stores, last: int = 30, out=None) -> dict:
             raise HalwatchError(f"the store {uri} has fewer than two explored queries")
         steps = np.diff(h)
         name = f"{meta.get('domain')} / {meta.get('policy')}"
+        depths = sorted({e["depth"] for e in events if e["depth"] is not None})
+        by_depth = {d: [e["entropy"] for e in events if e["depth"] == d] for d in depths}
         result[name] = {"store": uri, "entropy": h.round(4).tolist(), "mean": round(float(h.mean()), 4),
                         "slope": round(float(np.polyfit(np.arange(len(h)), h, 1)[0]), 5),
                         "volatility": round(float(np.abs(steps).mean()), 4),
-                        "non_decreasing": round(float((steps >= 0).mean()), 3)}
+                        "non_decreasing": round(float((steps >= 0).mean()), 3),
+                        "by_depth": {d: {"mean": round(float(np.mean(v)), 4), "n": len(v)} for d, v in by_depth.items()}}
     if out:
         from halwatch.eval.report import plot_lines
 
