@@ -124,17 +124,20 @@ class Explorer:
         self.n_hallucinated = sum(e["hallucinated"] for e in self.events)
         self.transitions = []  # (state, action index, reward)
         self.tails: dict[int, dict] = {}
-        starts: dict[int, str] = {}
         by_id = {e["id"]: e for e in self.events}
+
+        def start(e):  # the path's initial query P_0: the seed at the root of the event's branch
+            while e["parent"] in by_id:
+                e = by_id[e["parent"]]
+            return e["query"]
+
         for e in self.events:
             if e["path"] is None:
                 continue
-            if e["depth"] == 0:
-                starts[e["path"]] = e["query"]
             if e["transform"] and e["parent"] in by_id:
                 self.transitions.append((by_id[e["parent"]]["state"], pol.TRANSFORMS.index(e["transform"]),
                                          e["reward"]))
-            self.tails[e["path"]] = {**e, "start": starts.get(e["path"], e["query"])}
+            self.tails[e["path"]] = {**e, "start": start(e)}
         self.seed_events = {e["query"]: {**e, "start": e["query"]} for e in self.events if e["depth"] == 0}
         self.asked = {e["query"] for e in self.events}
         self.next_seed = self.store.meta().get("next_seed", len(self.seed_events))  # seeds drawn so far
