@@ -37,6 +37,8 @@ def test_calibration_is_monotone_probability(method):
 @pytest.mark.parametrize("name", sorted(DETECTORS))
 def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
+    if name == "lrp4rag":  # its relevance pass costs seconds per answer: 6 + 6 probe answers (test_lrp4rag.py has more)
+        probe = probe[:6] + probe[20:26]
     det = create_detector(name, scorer=scorer, **{k: v for k, v in small.items()
                                                   if k in DETECTORS[name].setting_names()})
     with pytest.raises(HalwatchError, match="not fitted"):
@@ -57,11 +59,13 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
     # score a negative Platt slope (recorded in the artifact)
     slope = det.calibrator.params["coef"]
     assert np.array_equal(np.argsort(raw * np.sign(slope), kind="stable"), np.argsort(probs, kind="stable"))
-    # the threshold was fitted on the probe data: it is the best-F1 cut of the probe probabilities
+    # the threshold was fitted on the probe data: it is the best-F1 cut of the probe probabilities (LRP4RAG's is its
+    # classifier's own decision boundary instead, tested in test_lrp4rag.py)
     probe_probs = det.score(probe)
     labels = [s.label for s in probe]
-    assert f1_score(labels, probe_probs >= det.threshold) == pytest.approx(
-        max(f1_score(labels, probe_probs >= c) for c in np.unique(probe_probs)))
+    if name != "lrp4rag":
+        assert f1_score(labels, probe_probs >= det.threshold) == pytest.approx(
+            max(f1_score(labels, probe_probs >= c) for c in np.unique(probe_probs)))
     for sample in held_out[:2]:
         for span in det.spans(sample):
             assert sample.response[span["start"] : span["end"]] == span["text"] and span["text"].strip()
