@@ -66,6 +66,8 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
     if name != "lrp4rag":
         assert f1_score(labels, probe_probs >= det.threshold) == pytest.approx(
             max(f1_score(labels, probe_probs >= c) for c in np.unique(probe_probs)))
+    else:  # the SVM's decision value 0, calibrated
+        assert det.threshold == pytest.approx(float(det.calibrator.transform(np.array([0.0]))[0]))
     for sample in held_out[:2]:
         for span in det.spans(sample):
             assert sample.response[span["start"] : span["end"]] == span["text"] and span["text"].strip()

@@ -72,7 +72,8 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
 
     Returns ``tokens`` (per row, the stop line break kept, the end token not), ``done`` [n], ``started`` [n] and
     ``logprob`` [n] (sum of token log-probabilities at temperature 1); with ``top_logprobs`` = k > 0 also ``top``:
-    per row, per kept token, ``(log-probability, [(token id, log-probability)] of the k most likely at that step)``.
+    per row, per drawn token (the end token that finishes a row included), ``(log-probability, [(token id,
+    log-probability)] of the k most likely at that step)``.
     """
     import torch
 

@@ -7,6 +7,7 @@ Clients are URIs (:func:`halwatch.watchdog.clients.open_client`): ``local:smollm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -39,38 +40,43 @@ class _Clients:
             await client.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _session(store: str, client_options: dict | None):
+    """The store and the clients of one command, closed whatever happens."""
+    clients = _Clients(**(client_options or {}))
+    db = open_store(store)
+    try:
+        yield db, clients
+    finally:
+        await clients.aclose()
+        db.close()
+
+
 def explore(domain: str, store: str, target: str = "local:smollm2-135m", generator: str | None = None,
             judge: str | None = None, progress=None, client_options: dict | None = None, **config) -> dict:
     """Explore ``domain``'s bound into ``store`` (resuming from it); returns the summary."""
     the_domain = Domain(domain)  # a bad title fails before anything is opened or written
 
     async def main():
-        clients = _Clients(**(client_options or {}))
-        db = open_store(store)
-        try:
+        async with _session(store, client_options) as (db, clients):
             agent = TargetAgent(the_domain, clients.get(target))
             explorer = Explorer(agent, clients.get(generator or target), Evaluator(clients.get(judge)), db,
                                 ExploreConfig(domain=domain, **config), progress=progress)
             return await explorer.run()
-        finally:
-            await clients.aclose()
-            db.close()
 
     return asyncio.run(main())
 
 
-def _agent_for(db, target, clients, domain=None):
-    meta = db.meta()
+def _agent_for(meta, db, target, clients, domain=None):
     domain = domain or meta.get("domain")
     if not domain:
         raise HalwatchError(f"the store {db.uri} has no domain yet: explore it first, or give --domain")
     return TargetAgent(Domain(domain), clients.get(target))
 
 
-def _sampling(db, k, temperature) -> tuple[int, float]:
-    """``k`` and the sampling temperature of the query's entropy: as given, else as the store was explored with
-    (so that the query's entropy is comparable with the points')."""
-    meta = db.meta()
+def _sampling(meta, k, temperature) -> tuple[int, float]:
+    """``k`` and the sampling temperature of the query's entropy: as given, else as the store (its ``meta``) was
+    explored with (so that the query's entropy is comparable with the points')."""
     return (k or meta.get("k", 5)), (temperature or meta.get("sample_temperature", 0.5))
 
 
@@ -79,15 +85,11 @@ def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | N
           temperature: float | None = None) -> dict:
     """Algorithm 1 verdict for ``query`` against the boundary points in ``store``."""
     async def main():
-        clients = _Clients(**(client_options or {}))
-        db = open_store(store)
-        try:
-            k_, t_ = _sampling(db, k, temperature)
-            return await check_query(query, db, _agent_for(db, target, clients, domain), k=k_, epsilon=epsilon,
-                                     temperature=t_)
-        finally:
-            await clients.aclose()
-            db.close()
+        async with _session(store, client_options) as (db, clients):
+            meta = db.meta()
+            k_, t_ = _sampling(meta, k, temperature)
+            agent = _agent_for(meta, db, target, clients, domain)
+            return await check_query(query, db, agent, k=k_, epsilon=epsilon, temperature=t_)
 
     return asyncio.run(main())
 
@@ -131,14 +133,14 @@ async def _score_question(q, agent, judge, db, demos, k, epsilon, temperature, s
             "halmit_case": verdict["case"], "halmit_flag": bool(verdict["hallucination"])}
 
 
-def _metrics(labels, scores, flags=None) -> dict:
+def _metrics(labels, scores, own_decision: bool = False) -> dict:
     """AUROC, AUC-PR; F1 and accuracy at the method's own decision (HalMit's flag) or, for score-only baselines, at a
     best-F1 threshold cross-fitted over two halves (fitted on one half, applied to the other)."""
     from halwatch.detectors.calibration import best_f1_threshold
     from halwatch.eval.metrics import evaluate
 
     labels, scores = np.asarray(labels), np.asarray(scores, dtype=float)
-    if flags is not None:
+    if own_decision:  # HalMit's score is >= 0.5 exactly when it flags the query
         return evaluate(labels, scores, 0.5)
     halves = [np.arange(len(labels)) % 2 == h for h in (0, 1)]
     preds = np.zeros(len(labels))
@@ -158,14 +160,12 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
     from tqdm.auto import tqdm
 
     async def main():
-        clients = _Clients(**(client_options or {}))
-        db = open_store(store)
-        try:
+        async with _session(store, client_options) as (db, clients):
             meta = db.meta()
             if not db.count():
                 raise HalwatchError(f"the store {store} has no boundary points: run `halwatch watch explore` first")
             agent = TargetAgent(Domain(domain), clients.get(target))
-            k_, t_ = _sampling(db, k, temperature)
+            k_, t_ = _sampling(meta, k, temperature)
             seeds, rest = seed_questions(agent.domain, meta.get("n_seeds", 10), meta.get("seed", seed))
             demos = _icl_demos(agent.domain, seeds)
             rows = []
@@ -173,14 +173,10 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
                 rows.append(await _score_question(q, agent, clients.get(judge or target), db, demos, k_, epsilon,
                                                   t_, seed + i))
             return rows, meta
-        finally:
-            await clients.aclose()
-            db.close()
 
     rows, meta = asyncio.run(main())
     labels = [r["label"] for r in rows]
-    table = {name: _metrics(labels, [r["scores"][name] for r in rows],
-                            [r["halmit_flag"] for r in rows] if name == "halmit" else None)
+    table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
              for name in rows[0]["scores"]}
     result = {"domain": domain, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
               "epsilon": epsilon, "exploration": {key: meta.get(key) for key in
