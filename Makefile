@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.halwatch-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install model clean
+.PHONY: demo test install model browser clean
 
 install: $(STAMP)
 
@@ -24,7 +24,16 @@ model: install
 demo: model
 	$(BIN)/halwatch score --input src/halwatch/examples/demo.jsonl --output -
 
-test: model
+# The tests also need Gemma 3 270M (a second real model) and Debian's Chromium (the web page in a headless browser).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser:
+	test -x /usr/bin/chromium || $(SUDO) apt-get install -y -q chromium || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
+
+test: model browser
+	$(BIN)/halwatch models pull gemma3-270m
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q --durations=15
 
 clean:

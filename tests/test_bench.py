@@ -41,17 +41,20 @@ def bench(smol, signal_cache):
 
 
 def _check_rows_against_sklearn(bench):
+    """Every row's figures recomputed from the saved predictions: AUROC and AUC-PR from the ranking score ``raw``
+    (which the probabilities never contradict), the verdicts from the probabilities."""
     assert bench.rows
     for row, pred in zip(bench.rows, bench.predictions):
-        y, p = np.array(pred["labels"]), np.array(pred["probs"])
-        assert row["auroc"] == pytest.approx(roc_auc_score(y, p), abs=1e-5)
-        assert row["auc_pr"] == pytest.approx(average_precision_score(y, p), abs=1e-5)
+        y, p, raw = np.array(pred["labels"]), np.array(pred["probs"]), np.array(pred["raw"])
+        assert row["auroc"] == pytest.approx(roc_auc_score(y, raw), abs=1e-5)
+        assert row["auc_pr"] == pytest.approx(average_precision_score(y, raw), abs=1e-5)
+        assert np.all(np.diff(p[np.argsort(raw, kind="stable")]) >= -1e-12)
         assert row["n_test"] == len(y) and row["n_pos"] == int(y.sum())
         assert row["trivial_f1"] == pytest.approx(f1_score(y, np.ones_like(y)))
         assert 0 <= row["f1"] <= 1 and 0 <= row["accuracy"] <= 1
-        assert set(row) >= {"dataset", "generator", "probe_size", "scoring_model", "input_mode", "detector", "protocol", "seed",
-                            "auroc", "auc_pr", "f1", "accuracy", "trivial_f1", "n_test", "n_pos", "seconds",
-                            "commit"}
+        assert set(row) >= {"dataset", "generator", "probe_size", "scoring_model", "input_mode", "detector",
+                            "protocol", "seed", "auroc", "auc_pr", "f1", "accuracy", "trivial_f1", "n_test", "n_pos",
+                            "seconds", "commit"}
 
 
 def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
@@ -68,8 +71,8 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     # the F1 of a row is that of the detector's fitted threshold: refit one and compare
     samples, labels, views, signals, _ = bench.data(datasets[0])
     seed, probe, test = make_splits("ragtruth-official", samples, [0], 12)[0]
-    det, probs = bench.fit_score("toha", ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
-                                 [signals[i] for i in test])
+    det, (probs, _) = bench.fit_score("toha", ([signals[i] for i in probe], labels[probe],
+                                               [views[i] for i in probe]), [signals[i] for i in test])
     row = next(r for r in bench.rows if r["protocol"] == "ragtruth-official" and r["detector"] == "toha"
                and r["seed"] == 0 and r["dataset"] == datasets[0])
     assert row["f1"] == pytest.approx(f1_score(labels[test], probs >= det.threshold))
@@ -79,6 +82,12 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     report = write_report(tmp_path).read_text()
     assert "## ragtruth-official, probe 12, input mode raw" in report and "Average AUROC rank" in report
     assert list(tmp_path.glob("roc-*.png")) and list(tmp_path.glob("transfer-*.png"))
+    # no AUROC rests on tied scores: the ranking score of a continuous detector has (almost) no ties (response
+    # length counts tokens, so its ties are real)
+    for pred in bench.predictions:
+        if pred["detector"] != "length":
+            raw = np.array(pred["raw"])
+            assert 1 - len(np.unique(raw)) / len(raw) < 0.01, pred["detector"]
 
 
 def test_splits_are_disjoint_and_stratified(datasets):
@@ -104,17 +113,14 @@ def test_ranks_and_holm():
     assert holm == sorted(holm) and all(t["p_holm"] >= t["p"] for t in tests)
 
 
-def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol):
-    from halwatch.cli import build_parser
-
-    args = build_parser().parse_args(
-        ["bench", "--protocol", "ragtruth-official", "--detectors", "toha", "toha:n_max=2", "length", "--seeds", "2",
-         "--probe-size", "12", "--sweeps", "--sweep", "n_max=4,6", "--max-tokens", "512", "--out", str(tmp_path / "out"),
-         "--map-from-model", "smollm2-135m", "--datasets", *datasets])
+def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol, monkeypatch):
     import halwatch.eval.bench as bench_mod
 
-    bench_mod.PROBE_SIZES, bench_mod.N_MAX = (6, 12), (1, 3)
-    run_bench(args, "halwatch bench (test)")
+    monkeypatch.setattr(bench_mod, "PROBE_SIZES", (6, 12))
+    monkeypatch.setattr(bench_mod, "N_MAX", (1, 3))
+    run_bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), ["toha", "toha:n_max=2", "length"],
+              ["ragtruth-official"], datasets, tmp_path / "out", seeds=2, probe_size=12, sweeps=True,
+              sweep="n_max=4,6", map_from_model="smollm2-135m", command="halwatch bench (test)")
     out = tmp_path / "out"
     assert "halwatch bench (test)" in (out / "report.md").read_text()
     for fig in ("auroc-vs-probe-size.png", "auroc-vs-nmax.png", "delta-scatter.png"):

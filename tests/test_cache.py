@@ -91,7 +91,7 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
 
 
 def test_cached_whitebox_pass_serves_covered_requests(smol, probe, tmp_path, monkeypatch):
-    from halwatch.signals import whitebox_request
+    from halwatch.models.forward import whitebox_request
 
     scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path)
     full = scorer.signals(probe[:2], whitebox_request(smol))
@@ -105,3 +105,23 @@ def test_cached_whitebox_pass_serves_covered_requests(smol, probe, tmp_path, mon
         np.testing.assert_array_equal(a.head_values("mtopdiv.d", [(19, 0)]), b.head_values("mtopdiv.d", [(19, 0)]))
     scorer.signals(probe[:1], SignalRequest(heads=((0, 0),), keep_attention=True))  # not covered: computed
     assert calls == [1]
+
+
+def test_a_changed_signal_definition_is_not_read_from_the_cache(smol, probe, tmp_path, monkeypatch):
+    """The cache key carries the version of every reducer a request names: bump one (as a change to the lookback
+    ratio or MTop-Div must) and its cached values are computed again, those of other reducers are still read."""
+    from halwatch.signals import reducers
+
+    scorer = Scorer(model=smol, max_tokens=300, cache=tmp_path)
+    lookback = SignalRequest(heads=((21, 6),), reducers=("lookback",))
+    scorer.signals(probe[:1], lookback)
+    scorer.signals(probe[:1], REQ)
+    calls = []
+    real_run = forward.run
+    monkeypatch.setattr(forward, "run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    old = reducers.REDUCERS["lookback"]
+    monkeypatch.setitem(reducers.REDUCERS, "lookback", reducers.Reducer(old.fn, old.version + 1))
+    scorer.signals(probe[:1], lookback)
+    assert calls == [1]  # recomputed under the new version
+    scorer.signals(probe[:1], REQ)
+    assert calls == [1]  # MTop-Div's version did not change: read from the cache

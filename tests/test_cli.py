@@ -23,7 +23,8 @@ def test_score_one_answer():
     out = run("score", "--no-cache", "--context", CONTEXT, "--question", "Which cells produce insulin?",
               "--response", "Insulin is produced by red blood cells in the bone marrow.")
     result = json.loads(out.stdout)
-    assert set(result) == {"id", "score", "hallucinated", "spans", "detector", "scoring_model", "input_mode"}
+    assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "detector", "scoring_model",
+                           "input_mode", "truncated"}
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:
         assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]
@@ -36,6 +37,13 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     run("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [s.id for s in probe[:4]]
+
+    # -q: nothing but errors on standard error (no progress bar, no status line)
+    quiet = run("-q", "score", "--input", str(data), "--output", str(tmp_path / "quiet.jsonl"), "--max-tokens",
+                "512")
+    assert quiet.stderr == ""
+    loud = run("score", "--input", str(data), "--output", str(tmp_path / "loud.jsonl"), "--max-tokens", "512")
+    assert "scored 4 responses" in loud.stderr
 
     # fit an artifact with the command, then score with it
     train = tmp_path / "train.jsonl"
@@ -89,7 +97,7 @@ def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, p
                        for s in probe[:8] + probe[-8:]])
     art = tmp_path / "mapped.json"
     run("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
-        "--input", str(data), "--output", str(art))
+        "--max-tokens", "512", "--input", str(data), "--output", str(art))
     saved = json.loads(art.read_text())
     assert saved["input_mode"] == "chat" and saved["fitted_on"]["mapped_from"] == "smollm2-135m"
     assert len(saved["state"]["feature_map"]["coef"]) == 270 and saved["fitted_on"]["map_samples"] == 16

@@ -48,14 +48,40 @@ def test_attention_rows_of_all_tokens(smol, probe):
     np.testing.assert_allclose(sig.attention[0], ref.attentions[3][0, 1].numpy(), atol=2e-5)
 
 
-def test_mtopdiv_reducer_equals_topology_on_kept_rows(smol, probe):
-    scorer = Scorer(model=smol, max_tokens=300, cache=None)
-    heads = tuple((l, h) for l in (17, 21) for h in range(9))
-    sig = scorer.signals(probe[:2], SignalRequest(heads=heads, reducers=("mtopdiv",), keep_attention=True))
-    for s in sig:
-        ref = mtopdiv(s.attention, s.n_prompt)
-        np.testing.assert_allclose(s.reduced["mtopdiv.d"], ref.d, atol=1e-6)
-        np.testing.assert_allclose(s.head_values("mtopdiv.d", [(21, 6)]), ref.d[[heads.index((21, 6))]], atol=1e-6)
+@pytest.mark.parametrize("mode", ["raw", "chat"])
+def test_reducers_equal_the_numpy_references_on_eager_maps(smol, probe, mode):
+    """The torch reducers of the pass (lookback, MTop-Div, diagonal, sink) against the NumPy references, written
+    from the formulas, on transformers' eager attention maps of the same input: equal within 1e-5."""
+    from halwatch.signals.lookback import lookback_ratios
+
+    scorer = Scorer(model=smol, input_mode=mode, max_tokens=300, cache=None)
+    view = scorer.encode(probe[2])
+    assert view.n_header > 0  # RAGTruth's "\noutput:" line, or the chat template's assistant header
+    heads = ((0, 3), (17, 2), (21, 6), (29, 8))
+    sig = scorer.signals([probe[2]], SignalRequest(heads=heads, reducers=("diag", "lookback", "mtopdiv", "sink")))[0]
+    maps = _eager(smol, view).attentions
+    p, n = view.n_prompt, len(view.input_ids)
+    full = np.stack([maps[layer][0, head].numpy() for layer, head in heads]).astype(np.float64)  # [H, n, n]
+    r = np.arange(n - p)
+    np.testing.assert_allclose(sig.reduced["lookback.ratio"], lookback_ratios(full[:, p - 1 : n - 1], p,
+                                                                               view.n_header), atol=1e-5)
+    np.testing.assert_allclose(sig.reduced["mtopdiv.d"], mtopdiv(full[:, p:], p).d, atol=1e-5)
+    np.testing.assert_allclose(sig.reduced["mtopdiv.token_weights"], mtopdiv(full[:, p:], p).token_weights,
+                               atol=1e-5)
+    np.testing.assert_allclose(sig.reduced["diag.w"], full[:, p + r, p + r], atol=1e-5)
+    np.testing.assert_allclose(sig.reduced["sink.w"], full[:, p:, 0], atol=1e-5)
+
+
+def test_mst_reducer_equals_the_numpy_reference(smol, probe):
+    from halwatch.signals.topology import mst_length
+
+    scorer = Scorer(model=smol, max_tokens=200, cache=None)
+    heads = ((3, 1), (21, 6))
+    req = SignalRequest(heads=heads, reducers=("mst",), attention_from="all", keep_attention=True)
+    sig = scorer.signals([min(probe, key=lambda s: len(s.response))], req)[0]
+    np.testing.assert_allclose(sig.reduced["mst.d"], mst_length(sig.attention, sig.n_prompt).d, atol=1e-5)
+    with pytest.raises(ValueError, match="needs the attention rows of every token"):
+        SignalRequest(heads=heads, reducers=("mst",))
 
 
 def test_batched_equals_one_at_a_time(smol, probe):

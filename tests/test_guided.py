@@ -11,9 +11,9 @@ from halwatch.data.generate import generate_answer
 from halwatch.data.squad import read_squad
 from halwatch.detectors import load_detector
 from halwatch.models import forward
+from halwatch.models.forward import whitebox_request
 from halwatch.models.guided import _view, generate
-from halwatch.signals import whitebox_request
-from halwatch.tokens import _prompt_ids
+from halwatch.tokens import _prompt_ids, answer_header_length
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,8 @@ def test_forward_with_a_cached_prompt_equals_the_full_pass(smol, question):
     prompt_ids = _prompt_ids(smol.tokenizer, question.sample("-").prompt, "chat")
     responses = [smol.tokenizer(t, add_special_tokens=False)["input_ids"]
                  for t in ("The answer is in the text.", "No idea at all, sorry", "Yes")]
-    views = [_view(prompt_ids, r, "chat") for r in responses]
+    n_header = answer_header_length(smol.tokenizer, question.sample("-").prompt, "chat", prompt_ids)
+    views = [_view(prompt_ids, r, "chat", n_header) for r in responses]
     request = whitebox_request(smol)
     full = forward.run(smol, views, request)
     cached = len(prompt_ids) - 1
@@ -65,6 +66,51 @@ def test_guided_decoding_is_reproducible_and_full_length(smol, guide):
         chunks = -(-len(run.token_ids) // 8)  # one kept candidate per chunk of 8 (and one that only ends it)
         assert chunks <= len(run.chunk_scores) <= chunks + int(run.ended)
         assert np.isfinite(run.chunk_scores).all()
+
+
+def test_the_guide_keeps_the_lowest_scoring_candidate(smol, monkeypatch):
+    """Every step keeps the candidate whose raw score the detector finds lowest, and the answer is made of the kept
+    candidates."""
+    from halwatch.scorer import Scorer
+
+    detector = load_detector("lookback-lens-chat", scorer=Scorer(model=smol, input_mode="chat", cache=None))
+    steps = []
+    real_run, real_scores = forward.run, detector.continuation_scores
+
+    def run(model, views, request, past=None):
+        steps.append({"views": views})
+        return real_run(model, views, request, past=past)
+
+    def scores(signals, start):
+        steps[-1]["raw"] = np.asarray(real_scores(signals, start), dtype=float)
+        return steps[-1]["raw"]
+
+    monkeypatch.setattr(forward, "run", run)
+    monkeypatch.setattr(detector, "continuation_scores", scores)
+    found = generate(smol, "Write a long story about a lighthouse keeper and his dog.", "chat", detector,
+                     max_new_tokens=24, n_candidates=4, chunk=6, seed=3)
+    assert len(steps) == len(found.chunk_scores) >= 3
+    for step, kept in zip(steps, found.chunk_scores):
+        best = int(np.argmin(step["raw"]))
+        assert kept == step["raw"].min()
+        chosen = step["views"][best].input_ids[step["views"][best].n_prompt:]
+        assert found.token_ids[: len(chosen)] == chosen
+    # the candidates of a step differ, so the choice is real
+    assert any(len({tuple(v.input_ids) for v in step["views"]}) > 1 for step in steps)
+
+
+def test_a_guide_that_reads_every_token_decodes(smol, probe):
+    """toha-mst reads the attention rows of every token, which a cached prompt cannot give: its candidates are
+    scored by full passes."""
+    from halwatch.detectors import create_detector
+    from halwatch.scorer import Scorer
+
+    scorer = Scorer(model=smol, input_mode="chat", max_tokens=360, cache=None)
+    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    few = [s for s in short if not s.label][:3] + [s for s in short if s.label][:3]
+    det = create_detector("toha-mst", scorer=scorer, n_max=2).fit(few)
+    found = generate(smol, "Name a colour.", "chat", det, max_new_tokens=8, n_candidates=2, chunk=4, seed=0)
+    assert 1 <= len(found.chunk_scores) <= 3 and np.isfinite(found.chunk_scores).all()
 
 
 def test_generate_command_single_and_file(tmp_path, question):

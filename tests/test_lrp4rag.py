@@ -1,5 +1,6 @@
-"""LRP4RAG: resampling (eq. 7-9), the propagation rules against hand-computed LRP, Input x Gradient against autograd,
-batched seeds against one position at a time, conservation, and the detector on real RAGTruth answers."""
+"""LRP4RAG: resampling (eq. 7-9; every length pair in test_relevance_resample.py), the propagation rules against
+hand-computed LRP, Input x Gradient against autograd, batched seeds against one position at a time, conservation, the
+detector's paper defaults (maximum logit, relevance normalised to (0, 1)) and the detector on real RAGTruth answers."""
 
 from __future__ import annotations
 
@@ -130,10 +131,10 @@ def test_attention_rule_matches_hand_computed_attnlrp():
     mask = np.tril(np.ones((4, 4), dtype=bool))
     A = np.where(mask, np.exp(np.where(mask, x, -np.inf) - x.max(1, keepdims=True)), 0)
     A /= A.sum(1, keepdims=True)
-    O = A @ V
-    R_out = O * G
+    out_ref = A @ V
+    R_out = out_ref * G
     terms = A[:, :, None] * V[None, :, :]  # [i, j, p] = A_ij V_jp
-    share = terms / O[:, None, :] * R_out[:, None, :]
+    share = terms / out_ref[:, None, :] * R_out[:, None, :]
     R_A, R_V = 0.5 * share.sum(2), 0.5 * share.sum(0)
     R_x = np.where(mask, x * (R_A - A * R_A.sum(1, keepdims=True)), 0)
     qk = 0.5 * Q[:, None, :] * K[None, :, :]  # [i, j, d]
@@ -224,7 +225,6 @@ def lrp_probe(probe):
 
 
 def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, lrp_probe, tmp_path):
-    labels = np.array([s.label for s in lrp_probe])
     for kind in ("svm", "mlp", "random_forest", "threshold"):
         det = create_detector("lrp4rag", scorer=scorer, classifier=kind, length=32).fit(lrp_probe)
         probs = det.score(lrp_probe)
@@ -277,8 +277,75 @@ def load_detector_from(det):
     return DETECTORS[det.name].from_dict(json.loads(json.dumps(det.to_dict())), scorer=det.scorer)
 
 
+def _fake_signals(n=12, seed=0):
+    """Relevance signals of ``n`` made-up answers (half "hallucinated" with lower relevance), no model needed."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        n_prompt, n_response = int(rng.integers(20, 60)), int(rng.integers(5, 30))
+        shift = 0.0 if k % 2 else 1.5
+        out.append(types.SimpleNamespace(
+            n_prompt=n_prompt, n_response=n_response,
+            relevance={"mean": rng.normal(shift, 1, n_prompt + n_response) * 3,
+                       "response": rng.normal(shift, 1, n_response) * 3,
+                       "rows": rng.normal(shift, 1, (4, n_prompt)) * 3}))
+    return out, np.array([k % 2 for k in range(n)])
+
+
+def test_lrp4rag_follows_the_paper_by_default_max_logit_and_unit_normalisation():
+    """Section 3.2 explains the maximum logit; sections 4.2 / 4.4 normalise relevance to (0, 1) with epsilon 1e-6,
+    here per answer before resampling. ``target=token, normalize=none`` is the behaviour before."""
+    det = create_detector("lrp4rag")
+    assert det.settings["target"] == "max" and det.settings["normalize"] == "minmax"
+    assert det.request().relevance.target == "max"
+    signals, _ = _fake_signals()
+    x = det.features(signals)
+    assert x.shape == (12, 220) and np.all((x >= 0) & (x < 1))
+    for sig, row in zip(signals, x):
+        r = sig.relevance["response"]
+        assert row == pytest.approx(resample((r - r.min()) / (r.max() - r.min() + 1e-6), 220), rel=1e-12)
+        assert row.max() == pytest.approx(1.0, abs=1e-5)  # the largest value maps to 1 - eps / range
+    old = create_detector("lrp4rag", target="token", normalize="none", features="both", length=50)
+    assert old.request().relevance.target == "token"
+    assert old.features(signals)[0] == pytest.approx(np.concatenate(
+        [resample(signals[0].relevance["response"], 50), resample(signals[0].relevance["mean"][: signals[0].n_prompt],
+                                                                   50)]), rel=1e-12)
+    both = create_detector("lrp4rag", features="both", length=50).features(signals)
+    assert both[:, :50].min() == 0 and both[:, 50:].min() == 0  # R^response and R^prompt normalised separately
+    lstm = create_detector("lrp4rag", classifier="lstm", rows=4, length=10).features(signals)
+    rows = signals[0].relevance["rows"]
+    assert lstm[0] == pytest.approx(resample_2d((rows - rows.min()) / (rows.max() - rows.min() + 1e-6), 4, 10))
+    threshold = create_detector("lrp4rag", classifier="threshold")
+    assert np.all((threshold.raw_scores(signals) <= 0) & (threshold.raw_scores(signals) > -1))  # the (0, 1) scale
+    with pytest.raises(ValueError):
+        create_detector("lrp4rag", normalize="zscore")
+
+
+def test_lrp4rag_artifact_without_normalize_loads_as_raw_relevance():
+    """Artifacts saved before ``normalize`` existed were fitted on raw relevance: they load with ``normalize=none``
+    and score as they did; a new artifact keeps its setting."""
+    signals, labels = _fake_signals(16)
+    raw = create_detector("lrp4rag", normalize="none", target="token", length=20).fit_signals(signals, labels)
+    saved = json.loads(json.dumps(raw.to_dict()))
+    del saved["settings"]["normalize"]
+    old = load_detector_from_dict(saved)
+    assert old.settings["normalize"] == "none"
+    assert old.score_signals(signals) == pytest.approx(raw.score_signals(signals))
+    new = create_detector("lrp4rag", length=20).fit_signals(signals, labels)
+    again = load_detector_from_dict(json.loads(json.dumps(new.to_dict())))
+    assert again.settings["normalize"] == "minmax" and again.settings["target"] == "max"
+    assert again.score_signals(signals) == pytest.approx(new.score_signals(signals))
+
+
+def load_detector_from_dict(d):
+    from halwatch.detectors import DETECTORS
+
+    return DETECTORS[d["detector"]].from_dict(d)
+
+
 def test_lrp4rag_rejects_bad_settings(scorer):
-    for bad in ({"classifier": "knn"}, {"features": "all"}, {"method": "gradcam"}, {"length": 0}):
+    for bad in ({"classifier": "knn"}, {"features": "all"}, {"method": "gradcam"}, {"length": 0},
+                {"normalize": "zscore"}):
         with pytest.raises(ValueError):
             create_detector("lrp4rag", scorer=scorer, **bad)
     with pytest.raises(ValueError):

@@ -37,7 +37,7 @@ def test_ragtruth_gold_spans_point_into_the_response():
             r = json.loads(line)
             raw[r["id"]] = r
     for s in read_ragtruth(generator="mistral-7B-instruct"):
-        texts = [l["text"] for l in raw[s.id]["labels"]]
+        texts = [label["text"] for label in raw[s.id]["labels"]]
         assert [s.response[sp["start"] : sp["end"]] for sp in s.spans] == texts
 
 

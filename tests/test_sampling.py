@@ -7,7 +7,7 @@ import pytest
 from halwatch.detectors import create_detector
 from halwatch.errors import HalwatchError
 from halwatch.models.forward import SignalRequest, Signals
-from halwatch.models.sampling import SamplingRequest, sample_answers, yes_probability
+from halwatch.models.sampling import SamplingRequest, draw_tokens, sample_answers, stop_ids, yes_probability
 from halwatch.scorer import Scorer
 
 
@@ -35,6 +35,57 @@ def test_judge_batches_match_single_questions(smol):
     single = np.array([yes_probability(smol, [p], "raw")[0] for p in prompts])
     assert np.allclose(batched, single, atol=1e-4)
     assert ((0 < batched) & (batched < 1)).all()
+
+
+def _newline_first(smol, n):
+    """A raw prompt's key/value cache for ``n`` rows and its real next-token logits, with the line break raised
+    40 above the best logit (it holds all but ~1e-17 of the mass: a nucleus of the line break alone)."""
+    import torch
+
+    ids = smol.tokenizer("Question: What is the capital of France?\nAnswer:", add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        out = smol.model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    real = out.logits[0, -1].float()
+    newline = smol.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    crafted = real.clone()
+    crafted[newline] = real.max() + 40
+    return cache, real, crafted.repeat(n, 1), newline
+
+
+def test_stop_tokens_are_masked_before_the_nucleus(smol):
+    """A line break that holds ~all the mass before an answer has begun: the nucleus is taken over the other
+    tokens (before the fix the row was all zeros: multinomial raised, greedy took id 0)."""
+    import torch
+
+    tok, model = smol.tokenizer, smol.model
+    _, stop = stop_ids(tok, "raw")
+    allowed = np.array([i not in stop for i in range(len(tok))])  # the logits may have more rows than the vocab
+    n = 16
+    cache, real, crafted, newline = _newline_first(smol, n)
+    assert newline in stop
+    # by hand: the distribution over the allowed tokens (the crafted logits equal the real ones there) and its
+    # 0.5-nucleus (most likely first, while the mass before a token is <= 0.5)
+    p = np.exp(real.numpy()[: len(tok)] - real.numpy()[: len(tok)][allowed].max()) * allowed
+    p /= p.sum()
+    order = np.argsort(-p)
+    nucleus = set(order[(np.cumsum(p[order]) - p[order]) <= 0.5].tolist())
+    with torch.inference_mode():
+        drawn = draw_tokens(model, tok, cache, crafted, 1, "raw", torch.Generator().manual_seed(0), 1.0, 0.5)
+    first = [t[0] for t in drawn["tokens"]]
+    assert not drawn["done"].any() and all(t != 0 and t not in stop for t in first)
+    assert set(first) <= nucleus
+    logp = torch.log_softmax(crafted[0], -1).numpy()  # the model's log-probability (of the crafted logits)
+    assert drawn["logprob"] == pytest.approx(logp[first], abs=1e-4)
+
+    cache, real, crafted, _ = _newline_first(smol, 2)
+    with torch.inference_mode():
+        greedy = draw_tokens(model, tok, cache, crafted, 1, "raw", None, 1.0, 0.9, started=[False, True],
+                             greedy=True)
+    best = int(np.flatnonzero(allowed)[np.argmax(real.numpy()[: len(tok)][allowed])])
+    assert greedy["tokens"][0] == [best] and best != 0 and not greedy["done"][0]  # not started: the best allowed
+    assert greedy["tokens"][1] == [newline] and greedy["done"][1]  # started: the line break ends the answer
 
 
 def _gen(texts, logprob, length, embedding=None, response="The answer."):

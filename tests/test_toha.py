@@ -24,10 +24,33 @@ def test_select_heads_follows_algorithm_1():
     np.testing.assert_allclose(head_deltas(values, labels), deltas)
 
 
+def test_select_heads_when_every_delta_is_negative_and_n_max_exceeds_the_heads():
+    """Algorithm 1 sorts by Δ whatever its sign: with every head lower on hallucinated answers, the order is still
+    by descending Δ (the least negative first), N_opt the first N with the best probe AUROC (below 0.5 here), and an
+    N_max above the number of heads stops at the last head."""
+    rng = np.random.default_rng(3)
+    labels = np.array([1] * 25 + [0] * 25)
+    values = rng.random((50, 4))
+    values[:25] -= np.array([0.05, 0.4, 0.2, 0.1])  # Δ = -0.05, -0.4, -0.2, -0.1 (plus noise)
+    order, deltas, n_opt = select_heads(values, labels, n_max=10)
+    assert (deltas < 0).all() and list(order) == list(np.argsort(-deltas))
+    assert order[0] == 0 and order[-1] == 1
+    aurocs = [roc_auc_score(labels, values[:, order[:n]].mean(1)) for n in range(1, 5)]
+    assert max(aurocs) < 0.5 and n_opt == int(np.argmax(aurocs)) + 1 and 1 <= n_opt <= 4
+
+
 def test_toha_fit_score_spans_and_artifact(scorer, probe, ragtruth_train, tmp_path):
     toha = create_detector("toha", scorer=scorer, n_max=10)
     toha.fit(probe)
-    assert 1 <= len(toha.heads) <= 10 and toha.ranking[0]["delta"] >= toha.ranking[-1]["delta"]
+    assert 1 <= len(toha.heads) <= 10
+    # the chosen heads, recomputed with NumPy and scikit-learn from the probe's per-head divergences: the top N of
+    # Δ (eq. 3) with N the first of the best running-mean AUROCs (Algorithm 1)
+    heads = scorer.model.all_heads()
+    d = np.stack([s.head_values("mtopdiv.d", heads) for s in scorer.signals(probe, toha.fit_request())])
+    y = np.array([s.label for s in probe])
+    by_delta = np.argsort(-(d[y == 1].mean(0) - d[y == 0].mean(0)), kind="stable")
+    aurocs = [roc_auc_score(y, d[:, by_delta[:n]].mean(1)) for n in range(1, 11)]
+    assert toha.heads == [heads[i] for i in by_delta[: int(np.argmax(aurocs)) + 1]]
     # the score is the mean eq.-3 divergence of the chosen heads, checked against the topology module
     sample = probe[0]
     view = scorer.encode(sample)

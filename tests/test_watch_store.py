@@ -22,7 +22,14 @@ BACKENDS = ["sqlite", "pgserver"]
 
 @pytest.fixture(scope="module")
 def pg_folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("pg") / "data"
+    """One PostgreSQL data folder for the module; its server is stopped at the end, also when a killed writer
+    process left it running, so that nothing outlives the tests."""
+    from halwatch.watchdog.store import stop_pgserver
+
+    folder = tmp_path_factory.mktemp("pg") / "data"
+    yield folder
+    stop_pgserver(folder)
+    assert not (folder / "postmaster.pid").exists()
 
 
 def _uri(backend, tmp_path, pg_folder, name="store"):

@@ -1,7 +1,8 @@
 """On-disk cache of forward-pass signals, keyed by content.
 
 The key covers everything that determines the signals: scoring model name and weights hash, input mode, the exact
-token ids and prompt/response boundary, the signal request, and a format version. Entries are written to a temporary
+token ids, the prompt/response boundary and the answer header, the signal request with the version of each reducer
+it names (a changed signal definition never reuses old values), and a format version. Entries are written to a temporary
 file and renamed into place, so an interrupted run leaves either a whole entry or none; an unreadable entry (e.g.
 from a full disk) counts as missing and is replaced.
 """
@@ -17,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from halwatch.models.forward import Signals, SignalRequest
+from halwatch.models.forward import SignalRequest, Signals
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n_prompt: int,
-               request: SignalRequest) -> str:
+               request: SignalRequest, n_header: int = 0) -> str:
     ids = np.asarray(input_ids, dtype=np.int64).tobytes()
     payload = json.dumps(
         {
@@ -33,6 +34,7 @@ def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n
             "mode": input_mode,
             "ids": hashlib.sha256(ids).hexdigest(),
             "n_prompt": n_prompt,
+            "n_header": n_header,
             "request": request.key(),
         },
         sort_keys=True,

@@ -9,6 +9,7 @@ import os
 import sys
 
 from halwatch.errors import HalwatchError, InputError
+from halwatch.progress import note, set_quiet
 
 log = logging.getLogger("halwatch")
 
@@ -69,7 +70,7 @@ def cmd_models(args) -> int:
     from halwatch.models import registry
 
     if args.models_cmd == "pull":
-        registry.pull(args.name, force=args.force, log=lambda m: print(m, file=sys.stderr))
+        registry.pull(args.name, force=args.force, log=note)
         return 0
     rows = registry.cached_models()
     if args.json:
@@ -84,19 +85,14 @@ def cmd_models(args) -> int:
     return 0
 
 
-def _scorer_from(args, identity: dict | None = None):
-    from halwatch.models.registry import DEFAULT_MODEL
+def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None):
+    """The scorer of a command's ``--model``, ``--input-mode`` (or ``input_mode``), ``--max-tokens``,
+    ``--no-cache`` and ``--batch-size``, falling back to an artifact's ``identity``."""
     from halwatch.scorer import Scorer
-    from halwatch.tokens import DEFAULT_MAX_TOKENS
 
-    identity = identity or {}
-    return Scorer(
-        model=args.model or identity.get("scoring_model", DEFAULT_MODEL),
-        input_mode=args.input_mode or identity.get("input_mode", "raw"),
-        max_tokens=args.max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
-        cache=not args.no_cache,
-        batch_size=args.batch_size,
-    )
+    return Scorer.from_options(model=args.model, input_mode=input_mode or args.input_mode,
+                               max_tokens=args.max_tokens, cache=not args.no_cache, batch_size=args.batch_size,
+                               identity=identity)
 
 
 def cmd_score(args) -> int:
@@ -118,18 +114,7 @@ def cmd_score(args) -> int:
         samples = _read_input(args.input, args.skip_invalid)
     samples, views = _encode_all(scorer, samples, args.skip_invalid)
     signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
-    probs = detector.score_signals(signals)
-    records = []
-    for sample, view, sig, p in zip(samples, views, signals, probs):
-        records.append({
-            "id": sample.id,
-            "score": round(float(p), 4),
-            "hallucinated": bool(p >= detector.threshold),
-            "spans": detector.spans_from(view, sig),
-            "detector": detector.name,
-            "scoring_model": detector.identity.get("scoring_model", scorer.model.name),
-            "input_mode": scorer.input_mode,
-        })
+    records = detector.verdicts(views, signals)
     if single:
         print(json.dumps(records[0], ensure_ascii=False, indent=1))
         return 0
@@ -141,19 +126,12 @@ def cmd_score(args) -> int:
 
     write_jsonl(args.output, records)
     flagged = sum(r["hallucinated"] for r in records)
-    print(f"scored {len(records)} responses, {flagged} flagged as hallucinated -> {args.output}", file=sys.stderr)
+    note(f"scored {len(records)} responses, {flagged} flagged as hallucinated -> {args.output}")
     return 0
 
 
-def _settings(args) -> dict:
-    """Detector settings from ``--set KEY=VALUE`` (VALUE read as JSON where it parses, else as text)."""
-    from halwatch.detectors import parse_setting
-
-    return dict(parse_setting(item) for item in args.set or [])
-
-
 def cmd_fit(args) -> int:
-    from halwatch.detectors import create_detector
+    from halwatch.detectors import create_detector, parse_settings
 
     scorer = _scorer_from(args)
     samples = _read_input(args.input, args.skip_invalid)
@@ -163,13 +141,13 @@ def cmd_fit(args) -> int:
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled:
         raise InputError("record has no label: fitting needs 'label' on every record", unlabelled[0].where)
-    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration, **_settings(args))
+    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration, **parse_settings(args.set))
     signals = scorer.signals(samples, detector.request(), progress=True, views=views)
     detector.fit_signals(signals, [s.label for s in samples], views)
     detector.fitted_on["data"] = args.describe or str(args.input)
     detector.save(args.output)
-    print(f"fitted {detector.name} on {len(samples)} samples "
-          f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}", file=sys.stderr)
+    note(f"fitted {detector.name} on {len(samples)} samples "
+          f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}")
     return 0
 
 
@@ -185,8 +163,8 @@ def _fit_mapped(args, scorer, samples) -> int:
     mapped = LookbackLens.mapped_from(source, scorer, samples, progress=True)
     mapped.fitted_on["map_data"] = args.describe or str(args.input)
     mapped.save(args.output)
-    print(f"mapped {source.name} from {source.identity.get('scoring_model')} to {scorer.model.name} on "
-          f"{len(samples)} samples -> {args.output}", file=sys.stderr)
+    note(f"mapped {source.name} from {source.identity.get('scoring_model')} to {scorer.model.name} on "
+          f"{len(samples)} samples -> {args.output}")
     return 0
 
 
@@ -194,10 +172,10 @@ def cmd_data(args) -> int:
     if args.data_cmd == "generate":
         from halwatch.data.generate import generate_squad
 
-        scorer = _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": args.input_mode or "chat"}))
+        scorer = _scorer_from(args, input_mode=args.input_mode or "chat")
         stats = generate_squad(scorer, args.output, args.n, seed=args.seed, titles=args.title)
-        print(f"{stats['answered']} answered: {stats['kept']} labelled ({stats['hallucinated']} hallucinated), "
-              f"{stats['dropped']} dropped by the labelling rule -> {args.output}", file=sys.stderr)
+        note(f"{stats['answered']} answered: {stats['kept']} labelled ({stats['hallucinated']} hallucinated), "
+              f"{stats['dropped']} dropped by the labelling rule -> {args.output}")
         return 0
     from halwatch.data.jsonl import write_jsonl
     from halwatch.data.ragtruth import read_ragtruth
@@ -211,8 +189,7 @@ def cmd_data(args) -> int:
         keep = set(order[: args.limit])
         samples = [s for i, s in enumerate(samples) if i in keep]
     write_jsonl(args.output, (s.to_dict() for s in samples))
-    print(f"wrote {len(samples)} samples ({sum(s.label for s in samples)} hallucinated) -> {args.output}",
-          file=sys.stderr)
+    note(f"wrote {len(samples)} samples ({sum(s.label for s in samples)} hallucinated) -> {args.output}")
     return 0
 
 
@@ -226,13 +203,13 @@ def _guide(args):
 
     mode = args.input_mode
     if not args.guide:
-        return None, _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": mode or "chat"}))
+        return None, _scorer_from(args, input_mode=mode or "chat")
     name = args.guide
     if name in GUIDES:
         mode = mode or "chat"
         name = GUIDES[name] + ("-chat" if mode == "chat" else "")
     artifact = read_artifact(name)  # an artifact file's own input mode unless --input-mode is given
-    scorer = _scorer_from(argparse.Namespace(**{**vars(args), "input_mode": mode}), artifact)
+    scorer = _scorer_from(args, artifact, input_mode=mode)
     return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer), scorer
 
 
@@ -269,8 +246,8 @@ def cmd_generate(args) -> int:
     if args.limit:
         samples = samples[: args.limit]
     stats = generate_file(scorer, samples, args.output, detector, options)
-    print(f"{stats['answered']} answers ({stats['labelled']} labelled, {stats['hallucinated']} hallucinated), "
-          f"{stats['seconds_per_answer']:.2f} s per answer -> {args.output}", file=sys.stderr)
+    note(f"{stats['answered']} answers ({stats['labelled']} labelled, {stats['hallucinated']} hallucinated), "
+          f"{stats['seconds_per_answer']:.2f} s per answer -> {args.output}")
     return 0
 
 
@@ -286,11 +263,31 @@ def cmd_bench(args) -> int:
         run_relevance_speed(model=args.model or "smollm2-135m", prompt_tokens=args.prompt_tokens,
                             response_tokens=args.response_tokens, repeats=args.repeats)
         return 0
+    from halwatch.detectors import parse_settings
     from halwatch.eval.bench import run_bench
 
     if not args.protocol or not args.detectors or not args.datasets:
         raise InputError("halwatch bench needs --protocol, --detectors and --datasets (see --help)")
-    run_bench(args, command="halwatch " + " ".join(sys.argv[1:]))
+    run_bench(_scorer_from(args), args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
+              probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
+              map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from halwatch.serve.common import api_key_from, check_bind, serve
+    from halwatch.serve.scoring import Limits, build_app
+
+    key = api_key_from(args.api_key_env)
+    check_bind(args.host, key, args.insecure)
+    limits = Limits(max_items=args.max_items, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                    batch_wait=args.batch_wait_ms / 1000, queue_size=args.queue_size, timeout=args.timeout)
+    watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
+    app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
+                    upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch)
+    serve(app, args.host, args.port,
+          on_started=lambda h, p: note(f"halwatch serve at http://{h}:{p} (page /, API /docs; Ctrl-C or SIGTERM "
+                                       f"stops)"))
     return 0
 
 
@@ -436,6 +433,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scorer_options(p)
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("serve", help="HTTP scoring service: /v1/score, a guard proxy in front of an LLM, a web page",
+                       description="Serve detectors over HTTP: POST /v1/score (one item or a list), GET "
+                                   "/v1/detectors, POST /v1/watch/check (HalMit), with --upstream a guard proxy at "
+                                   "POST /v1/chat/completions, a web page at /, the OpenAPI page at /docs, "
+                                   "/health/live, /health/ready and /metrics. Requests are batched into one forward "
+                                   "pass. SIGTERM drains the requests in flight, then stops.")
+    p.add_argument("--detector", nargs="+", help="shipped artifact names or artifact files to load; the first is "
+                                                 "the default (default: the shipped 'default')")
+    from halwatch.serve.common import add_server_options
+
+    add_server_options(p, port=8080, timeout=120.0, queue_size=256, max_body_bytes=4 << 20)
+    p.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible LLM (http://HOST:PORT/v1) to guard: "
+                                                     "POST /v1/chat/completions is forwarded and its answer scored")
+    p.add_argument("--upstream-key-env", metavar="VAR", help="the upstream's API key, from this environment variable")
+    p.add_argument("--max-items", type=int, default=64, help="items per /v1/score request (default 64)")
+    p.add_argument("--batch-size", type=int, default=8, help="answers per forward batch (default 8)")
+    p.add_argument("--batch-tokens", type=int, default=8192,
+                   help="padded tokens per forward batch (answers x longest; default 8192)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long the batcher waits for more answers to join a batch (default 5 ms)")
+    p.add_argument("--watch-store", metavar="STORE", help="an explored HalMit store for POST /v1/watch/check")
+    p.add_argument("--watch-target", default="local:smollm2-135m", help="the watched agent's LLM (default "
+                                                                        "local:smollm2-135m)")
+    p.set_defaults(func=cmd_serve)
+
     from halwatch.watchdog.cli import add_parser as add_watch
 
     add_watch(sub)
@@ -446,6 +468,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s")
+    set_quiet(args.quiet)
     try:
         return args.func(args)
     except HalwatchError as exc:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from halwatch.cache import SignalCache, signal_key
 from halwatch.models import forward, registry
-from halwatch.models.forward import Signals, SignalRequest
+from halwatch.models.forward import SignalRequest, Signals
 from halwatch.models.loader import ScoringModel, load_model
+from halwatch.progress import progress as progress_bar
 from halwatch.sample import Sample
 from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, TokenView, encode
 
@@ -38,6 +37,18 @@ class Scorer:
         if cache is True:
             cache = registry.home() / "signals"
         self.cache = SignalCache(Path(cache)) if cache else None
+
+    @classmethod
+    def from_options(cls, model: str | ScoringModel | None = None, input_mode: str | None = None,
+                     max_tokens: int | None = None, cache: bool | str | Path | None = True, batch_size: int = 1,
+                     identity: dict | None = None) -> "Scorer":
+        """A scorer from optional choices (a command line's), each falling back to an artifact's ``identity``
+        (scoring model, input mode, token cap), then to the defaults."""
+        identity = identity or {}
+        return cls(model=model or identity.get("scoring_model", registry.DEFAULT_MODEL),
+                   input_mode=input_mode or identity.get("input_mode", "raw"),
+                   max_tokens=max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
+                   cache=cache, batch_size=batch_size)
 
     @property
     def model(self) -> ScoringModel:
@@ -70,7 +81,7 @@ class Scorer:
 
     def _key(self, view: TokenView, request: SignalRequest) -> str:
         return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
-                          request)
+                          request, n_header=view.n_header)
 
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
         """One batch: the forward pass (when the request asks for anything from it), then any sampled answers."""
@@ -89,14 +100,12 @@ class Scorer:
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
                 views: list[TokenView] | None = None) -> list[Signals]:
         """Signals of every sample, from the cache where present, else from batched forward passes."""
-        from halwatch.signals import whitebox_request
-
         self._check(request)
         views = views if views is not None else [self.encode(s) for s in samples]
         results: list[Signals | None] = [None] * len(views)
         keys = [None] * len(views)
         # a cached entry of the full white-box pass serves any request it covers
-        whitebox = whitebox_request(self.model)
+        whitebox = forward.whitebox_request(self.model)
         fallbacks = [whitebox] if whitebox != request and whitebox.covers(request) else []
         todo = []
         for i, v in enumerate(views):
@@ -109,8 +118,7 @@ class Scorer:
             if results[i] is None:
                 todo.append(i)
         todo.sort(key=lambda i: len(views[i].input_ids))
-        with tqdm(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample",
-                  dynamic_ncols=True) as bar:
+        with progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample") as bar:
             for start in range(0, len(todo), self.batch_size):
                 batch = todo[start : start + self.batch_size]
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):

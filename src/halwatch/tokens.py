@@ -37,6 +37,8 @@ class TokenView:
     offsets: list[tuple[int, int]]  # character span in sample.response of each response token
     input_mode: str
     cut_chars: int = 0  # characters cut from the left of the context to fit the token cap
+    cut_tokens: int = 0  # prompt tokens those characters took
+    n_header: int = 0  # the last prompt tokens that form the answer header (see answer_header_length)
 
     @property
     def n_response(self) -> int:
@@ -94,6 +96,35 @@ def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
     raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
 
 
+#: The longest last prompt line (in characters) that counts as an answer header in raw mode.
+MAX_HEADER_CHARS = 40
+
+
+def answer_header_length(tokenizer, prompt: str, input_mode: str, prompt_ids: list[int]) -> int:
+    """How many of the last prompt tokens form the answer header: the tokens after which the answer begins and that
+    belong to neither the context nor the question (Lookback Lens counts them as new tokens, as its reference code
+    counts ``\n#Answer#:``).
+
+    - ``chat``: the generation prompt of the chat template (the assistant header, e.g. ``<|im_start|>assistant\n``):
+      the tokens that ``add_generation_prompt`` adds.
+    - ``raw``: the prompt's last line, with its line break, when it is a short cue ending with a colon
+      (``\nAnswer:`` of the SQuAD template, ``\noutput:`` of RAGTruth, at most :data:`MAX_HEADER_CHARS`
+      characters); otherwise none.
+    """
+    if input_mode == "chat":
+        bare = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=False)
+        n_bare = len(tokenizer(bare, add_special_tokens=False)["input_ids"])
+        return max(0, min(len(prompt_ids) - n_bare, len(prompt_ids) - 1))
+    cut = prompt.rfind("\n")
+    last = prompt[cut + 1 :].strip()
+    if cut < 0 or not last.endswith(":") or len(last) > MAX_HEADER_CHARS:
+        return 0
+    offsets = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+    n = sum(1 for start, end in offsets if end > cut and end > start)
+    return min(n, len(prompt_ids) - 1)
+
+
 def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[int, int]]]:
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
@@ -129,9 +160,11 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
     prompt = sample.prompt
     ctx_start, ctx_end = sample.context_span or (0, len(prompt))
     cut = 0
+    n_whole = None
     while True:
         text = prompt[:ctx_start] + prompt[ctx_start + cut :]
         prompt_ids = _prompt_ids(tokenizer, text, input_mode)
+        n_whole = len(prompt_ids) if n_whole is None else n_whole
         excess = len(prompt_ids) + len(resp_ids) - max_tokens
         if excess <= 0:
             break
@@ -154,4 +187,6 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
         offsets=offsets,
         input_mode=input_mode,
         cut_chars=cut,
+        cut_tokens=n_whole - len(prompt_ids),
+        n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids),
     )

@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from halwatch.progress import progress as progress_bar
 
 REFUSAL = "Unable to answer based on given context"
 LABEL_RULE = ("TOHA App. D.1 without the LLM judge: answerable -> grounded if ROUGE-L = 1 or a gold answer is a "
@@ -70,7 +70,8 @@ def generate_answer(scoring_model, prompt: str, input_mode: str, max_new_tokens:
     tok = scoring_model.tokenizer
     ids = _prompt_ids(tok, prompt, input_mode)
     with torch.inference_mode():
-        out = scoring_model.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        out = scoring_model.model.generate(torch.tensor([ids]),
+                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                            max_new_tokens=max_new_tokens, do_sample=False,
                                            pad_token_id=tok.pad_token_id or tok.eos_token_id)
     text = tok.decode(out[0, len(ids):], skip_special_tokens=True).strip()
@@ -103,7 +104,7 @@ def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=Non
     stats = {"answered": 0, "kept": 0, "dropped": 0, "hallucinated": 0}
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as kept, open(dropped_path, "a", encoding="utf-8") as dropped, \
-            tqdm(total=len(order), disable=not progress, desc="generate", unit="question") as bar:
+            progress_bar(total=len(order), disable=not progress, desc="generate", unit="question") as bar:
         for i in order:
             q = questions[i]
             if q.id not in done:
@@ -142,12 +143,13 @@ def generate_file(scorer, samples, output: str | Path, detector=None, options: d
     guide = decoding_name(detector, (options or {}).get("sample", False))
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as out, \
-            tqdm(total=len(samples), disable=not progress, desc=f"generate ({guide})", unit="answer") as bar:
+            progress_bar(total=len(samples), disable=not progress, desc=f"generate ({guide})", unit="answer") as bar:
         for s in samples:
             if s.id not in done:
                 found = generate(scorer.model, s.prompt, scorer.input_mode, detector, max_tokens=scorer.max_tokens,
                                  where=s.where, **(options or {}))
-                record = {"id": s.id, **{k: v for k, v in s.to_dict().items() if k in ("prompt", "context", "question")},
+                asked = {k: v for k, v in s.to_dict().items() if k in ("prompt", "context", "question")}
+                record = {"id": s.id, **asked,
                           "response": found.text,
                           "meta": {**s.meta, "generator": scorer.model.name, "input_mode": scorer.input_mode,
                                    "guide": guide, "options": options or {}, "n_tokens": len(found.token_ids),

@@ -6,12 +6,11 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
 from halwatch.detectors.lrp4rag import LRP4RAG
-from halwatch.detectors.sampling import (EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram,
-                                         SemanticEntropy)
+from halwatch.detectors.sampling import EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram, SemanticEntropy
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError, InputError
 
@@ -43,11 +42,16 @@ def parse_setting(item: str) -> tuple[str, object]:
         return key, value
 
 
+def parse_settings(items) -> dict:
+    """``["KEY=VALUE", ...]`` (a command line's ``--set``) -> ``{key: value}``."""
+    return dict(parse_setting(item) for item in items or [])
+
+
 def split_spec(spec: str) -> tuple[str, dict]:
     """A detector name, or ``name:key=value,key=value`` (the method with settings, e.g. ``lrp4rag:classifier=mlp``,
     so that a benchmark can compare variants of one method)."""
     name, _, rest = spec.partition(":")
-    return name, dict(parse_setting(item) for item in rest.split(",") if item)
+    return name, parse_settings(item for item in rest.split(",") if item)
 
 
 def create_detector(name: str, scorer=None, **kwargs) -> Detector:
@@ -93,4 +97,4 @@ def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector
 
 
 __all__ = ["DETECTORS", "DEFAULT_DETECTOR", "Detector", "create_detector", "load_detector", "read_artifact",
-           "parse_setting", "shipped_artifacts", "split_spec"]
+           "parse_setting", "parse_settings", "shipped_artifacts", "split_spec"]

@@ -25,7 +25,13 @@ class LookbackLens(Detector):
     """Lookback Lens (Chuang et al. 2024, section 2): the time-mean lookback ratio of every head, concatenated over
     layers and heads, standardised, into a logistic regression (max_iter 1000). Label 1 = hallucinated (the
     reference code's label 1 meant "not hallucinated"; here the classifier predicts hallucination directly).
-    The raw score is the classifier's log-odds.
+    The raw score is the classifier's log-odds. The lookback ratio of step ``i`` is that of the query before
+    ``y_i``, with the answer header counted as new tokens, as in the reference code
+    (:mod:`halwatch.signals.lookback`).
+
+    Departure: the paper fits scikit-learn's default regularisation (C = 1); here ``C="cv"`` (the default) chooses
+    it by cross-validated log-loss on the probe, since 270 features face 100-2,500 answers. The calibration and
+    both thresholds (answer and window) are fitted out of fold (:mod:`halwatch.detectors.base`).
 
     Span level (section 2.2): when the probe data has gold spans, a second logistic regression is fitted on the
     lookback ratios averaged over sliding windows of ``window`` response tokens (``window_stride`` apart), a window
@@ -36,8 +42,9 @@ class LookbackLens(Detector):
 
     name = "lookback-lens"
     citation = "Chuang et al., EMNLP 2024 (arXiv:2407.07071)"
+    supervised = True
 
-    def __init__(self, scorer=None, calibration: str = "platt", C: float = 1.0, window: int = 8,
+    def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", window: int = 8,
                  window_stride: int = 4, **settings):
         super().__init__(scorer=scorer, calibration=calibration, C=C, window=window, window_stride=window_stride,
                          **settings)
@@ -45,6 +52,7 @@ class LookbackLens(Detector):
         self.window_model: dict | None = None
         self.window_threshold: float | None = None
         self.feature_map: dict | None = None  # set by mapped_from (cross-model transfer)
+        self.window_C: float | str = C  # the window classifier's regularisation (a fold copy's is fixed)
 
     def request(self):
         return SignalRequest(heads=_all_heads(self), reducers=("lookback",))
@@ -58,7 +66,15 @@ class LookbackLens(Detector):
         return x @ np.array(self.feature_map["coef"]) + np.array(self.feature_map["intercept"])
 
     def fit_method(self, signals, labels):
+        self.feature_map = None  # fitted again on this model's own heads: no longer a mapped detector
         self.model = fit_logistic(mean_lookback(signals, _all_heads(self)), labels, self.settings["C"])
+
+    def fold_copy(self):
+        """A fold's copy uses the regularisation strengths chosen on the whole probe."""
+        copy = super().fold_copy()
+        copy.settings["C"] = self.model["C"]
+        copy.window_C = self.window_model["C"] if self.window_model else self.window_C
+        return copy
 
     def raw_scores(self, signals):
         return logistic_logodds(self.model, self._features(mean_lookback(signals, _all_heads(self))))
@@ -97,26 +113,46 @@ class LookbackLens(Detector):
                             "map_samples": len(samples)}
         return target
 
-    def window_data(self, signals, views) -> tuple[np.ndarray, np.ndarray]:
+    def window_data(self, signals, views, groups: bool = False):
         """Features ``[W, heads]`` and labels ``[W]`` of the sliding windows of every response: a window is
-        hallucinated (1) when one of its tokens overlaps a gold span."""
-        feats, labels = [], []
-        for sig, view in zip(signals, views):
+        hallucinated (1) when one of its tokens overlaps a gold span. With ``groups``, also the index of the
+        response of each window."""
+        feats, labels, owner = [], [], []
+        for k, (sig, view) in enumerate(zip(signals, views)):
             starts, x = self._windows(sig)
             tokens = view.token_labels()
             feats.append(x)
             labels += [int(tokens[s:s + self.settings["window"]].any()) for s in starts]
-        return np.concatenate(feats), np.array(labels)
+            owner += [k] * len(starts)
+        out = (np.concatenate(feats), np.array(labels))
+        return (*out, np.array(owner)) if groups else out
 
     def fit_spans(self, signals, views):
-        x, y = self.window_data(signals, views)
+        x, y, owner = self.window_data(signals, views, groups=True)
+        self.window_model = None
         if len(np.unique(y)) < 2:
             return
-        self.window_model = fit_logistic(x, y, self.settings["C"])
-        self.window_threshold = best_f1_threshold(self.window_probabilities(x), y)
+        self.window_model = fit_logistic(x, y, self.window_C, groups=owner, folds=3)
+
+    def fit_held_out(self, folds, signals, views):
+        """The window threshold: best F1 over the windows of each fold, scored by the copy fitted without it."""
+        self.window_threshold = None
+        if self.window_model is None or any(copy.window_model is None for copy, _ in folds):
+            return
+        probs, labels = [], []
+        for copy, held in folds:
+            x, y = self.window_data([signals[i] for i in held], [views[i] for i in held])
+            probs.append(copy.window_probabilities(x))
+            labels.append(y)
+        self.window_threshold = best_f1_threshold(np.concatenate(probs), np.concatenate(labels))
+
+    def window_logodds(self, features) -> np.ndarray:
+        return logistic_logodds(self.window_model, features)
 
     def window_probabilities(self, features) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-logistic_logodds(self.window_model, features)))
+        from scipy.special import expit
+
+        return expit(self.window_logodds(features))
 
     def token_scores(self, signals):
         heads = _all_heads(self)
@@ -142,7 +178,7 @@ class LookbackLens(Detector):
         heads = _all_heads(self)
         x = np.stack([s.head_values("lookback.ratio", heads)[:, min(start, s.n_response - 1):].mean(axis=1)
                       for s in signals])
-        return logistic_logodds(self.window_model, self._features(x))
+        return self.window_logodds(self._features(x))
 
     def state(self):
         return {"model": self.model, "window_model": self.window_model, "window_threshold": self.window_threshold,
@@ -162,6 +198,7 @@ class AttentionRatio(Detector):
 
     name = "attention-ratio"
     citation = "Bazarova et al., TOHA, Table 10 (features of Chuang et al. 2024)"
+    supervised = True
 
     def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, **settings):
         super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, **settings)
@@ -170,6 +207,9 @@ class AttentionRatio(Detector):
     def request(self):
         heads = self.heads if self.heads is not None else _all_heads(self)
         return SignalRequest(heads=tuple(map(tuple, heads)), reducers=("lookback",))
+
+    def fit_request(self):
+        return SignalRequest(heads=_all_heads(self), reducers=("lookback",))
 
     def fit_method(self, signals, labels):
         heads = _all_heads(self)

@@ -6,6 +6,13 @@ score per response token. ``fit`` runs any supervised step of the method, then f
 probabilities and the decision threshold (best F1) on the probe data, and the token threshold used for spans.
 Nothing is hard-coded: an unfitted detector refuses to score.
 
+A supervised method (one whose ``fit_method`` learns from the labels: head selection, a classifier) is calibrated
+**out of fold**: the probe is split into stratified folds, a copy of the method is fitted on all folds but one and
+scores the one left out, and the calibration, the decision threshold and the token threshold are fitted on those
+held-out scores. Scores of a model on its own training data are overconfident (a 270-feature logistic regression
+separates 100 answers), and a calibration or threshold fitted on them is biased. The method itself is then fitted
+on the whole probe.
+
 Artifacts are small JSON files that record the detector, its settings and fitted state, the scoring model (name
 and weights hash), the input mode and the token cap, and what it was fitted on.
 """
@@ -23,9 +30,9 @@ import numpy as np
 
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
 from halwatch.errors import HalwatchError, InputError
-from halwatch.models.forward import Signals, SignalRequest
-from halwatch.sample import Sample
+from halwatch.models.forward import SignalRequest, Signals
 from halwatch.models.registry import DEFAULT_MODEL
+from halwatch.sample import Sample
 from halwatch.tokens import DEFAULT_MAX_TOKENS, TokenView
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
@@ -37,6 +44,10 @@ class Detector:
 
     name: ClassVar[str] = ""
     citation: ClassVar[str] = ""
+    #: True when ``fit_method`` or ``fit_spans`` learns from labels: the calibration is then out of fold.
+    supervised: ClassVar[bool] = False
+    #: Folds of the out-of-fold calibration of a supervised method.
+    calibration_folds: ClassVar[int] = 5
 
     def __init__(self, scorer=None, calibration: str = "platt", **settings):
         self.scorer = scorer
@@ -60,7 +71,13 @@ class Detector:
 
     # ---- what a method implements -------------------------------------------------------------------------------
     def request(self) -> SignalRequest:
+        """The signals that scoring needs (a fitted detector may ask for fewer than fitting does)."""
         raise NotImplementedError
+
+    def fit_request(self) -> SignalRequest:
+        """The signals that fitting needs: by default those of scoring. A method that selects heads asks for every
+        head here, so that a fitted detector can be fitted again on new data."""
+        return self.request()
 
     def raw_scores(self, signals: list[Signals]) -> np.ndarray:
         raise NotImplementedError
@@ -80,9 +97,14 @@ class Detector:
         decoding): by default the score of the whole partial response."""
         return self.raw_scores(signals)
 
-    def calibration_scores(self, signals: list[Signals], labels: np.ndarray) -> np.ndarray:
-        """Raw scores of the probe data that the calibration is fitted on: by default the fitted method's own."""
-        return self.raw_scores(signals)
+    def fit_held_out(self, folds: list, signals: list[Signals], views: list[TokenView] | None) -> None:
+        """After the out-of-fold scores: fit any further threshold of the method on its held-out data. ``folds``:
+        ``[(copy fitted without the fold, indices of the fold)]``. Nothing by default."""
+
+    def fold_copy(self) -> "Detector":
+        """An unfitted copy for one fold of the out-of-fold calibration: the same settings, with any
+        hyper-parameter that the fit on the whole probe chose (e.g. a regularisation strength) fixed."""
+        return type(self)(scorer=self.scorer, calibration=self.calibrator.method, **self.settings)
 
     def decision_threshold(self, probs: np.ndarray, labels: np.ndarray) -> float:
         """The decision threshold on calibrated probabilities: by default the best F1 on the probe data."""
@@ -116,19 +138,49 @@ class Detector:
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
         if len(np.unique(labels)) < 2:
             raise InputError("the probe data needs both hallucinated (1) and grounded (0) samples")
+        if views is not None and not any(v.sample.spans for v in views):
+            views = None  # no gold spans: nothing span-level to fit
         self.fit_method(signals, labels)
-        if views is not None and any(v.sample.spans for v in views):
+        if views is not None:
             self.fit_spans(signals, views)
-        raw = self.calibration_scores(signals, labels)
+        if self.supervised:
+            folds = self._fold_fits(signals, labels, views)
+            raw = np.empty(len(labels))
+            tokens: list | None = [None] * len(labels)
+            for copy, held in folds:
+                held_signals = [signals[i] for i in held]
+                raw[held] = copy.raw_scores(held_signals)
+                held_tokens = copy.token_scores(held_signals)
+                for i, t in zip(held, held_tokens or [None] * len(held)):
+                    tokens[i] = t
+            tokens = None if any(t is None for t in tokens) else tokens
+            self.fit_held_out(folds, signals, views)
+        else:
+            raw, tokens = self.raw_scores(signals), self.token_scores(signals)
         self.calibrator.fit(raw, labels)
         self.threshold = self.decision_threshold(self.calibrator.transform(raw), labels)
-        tokens = self.token_scores(signals)
         if tokens is not None:
             self.token_threshold = self._fit_token_threshold(tokens, labels, views)
-        self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum())}
+        self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
+                          "calibration": "out-of-fold" if self.supervised else "in-sample (unsupervised score)"}
         if self.scorer is not None:
             self.identity = self.scorer.identity()
         return self
+
+    def _fold_fits(self, signals, labels, views) -> list:
+        """``[(copy fitted on the other folds, indices of this fold)]``: stratified folds of the probe (as many as
+        the smaller class allows, at most :attr:`calibration_folds`), shuffled with a fixed seed."""
+        from sklearn.model_selection import StratifiedKFold
+
+        k = max(2, min(self.calibration_folds, int(np.bincount(labels).min())))
+        folds = []
+        for train, held in StratifiedKFold(k, shuffle=True, random_state=0).split(np.zeros(len(labels)), labels):
+            copy = self.fold_copy()
+            copy.fit_method([signals[i] for i in train], labels[train])
+            if views is not None:
+                copy.fit_spans([signals[i] for i in train], [views[i] for i in train])
+            folds.append((copy, held))
+        return folds
 
     def _fit_token_threshold(self, tokens, labels, views) -> float:
         """Best token-level F1 against gold spans where the probe data has them; otherwise the 95th percentile
@@ -148,15 +200,23 @@ class Detector:
                 raise InputError("sample has no label; fitting needs a label on every sample", missing.where)
             labels = [s.label for s in samples]
         views = [self._scorer().encode(s) for s in samples]
-        return self.fit_signals(self._signals(samples, progress, views), labels, views)
+        signals = self._scorer().signals(samples, self.fit_request(), progress=progress, views=views)
+        return self.fit_signals(signals, labels, views)
 
     def _require_fitted(self):
         if self.threshold is None:
             raise HalwatchError(f"detector {self.name!r} is not fitted: call fit() or load a fitted artifact")
 
     def score_signals(self, signals: list[Signals]) -> np.ndarray:
+        """Probability of hallucination of each response."""
+        return self.scores_and_ranking(signals)[0]
+
+    def scores_and_ranking(self, signals: list[Signals]) -> tuple[np.ndarray, np.ndarray]:
+        """``(probabilities, ranking)``: the calibrated probabilities, and the score that ranks answers in the
+        benchmark (the raw score, turned the way the calibration runs; see :meth:`Calibrator.ranking`)."""
         self._require_fitted()
-        return self.calibrator.transform(self.raw_scores(signals))
+        raw = np.asarray(self.raw_scores(signals), dtype=float)
+        return self.calibrator.transform(raw), self.calibrator.ranking(raw)
 
     def score(self, samples: list[Sample], progress: bool = False) -> np.ndarray:
         """Probability of hallucination of each sample's response."""
@@ -172,6 +232,19 @@ class Detector:
         if tokens is None or self.token_threshold is None:
             return []
         return view.spans(tokens[0], self.token_threshold)
+
+    def verdicts(self, views: list[TokenView], signals: list[Signals]) -> list[dict]:
+        """What ``halwatch score`` and the service report for each response: ``id``, ``score`` (probability of
+        hallucination), ``hallucinated`` (score >= ``threshold``), ``threshold``, ``spans`` (character offsets into
+        the response, Python string indices = Unicode code points, with the text and a confidence), the detector,
+        scoring model and input mode, and ``truncated``: how many context tokens were cut to fit the token cap
+        (the response is never cut)."""
+        probs = self.score_signals(signals)
+        return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
+                 "threshold": round(float(self.threshold), 4), "spans": self.spans_from(view, sig),
+                 "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
+                 "input_mode": view.input_mode, "truncated": view.cut_tokens}
+                for view, sig, p in zip(views, signals, probs)]
 
     def spans(self, sample: Sample) -> list[dict]:
         """Character spans of ``sample.response`` that the detector flags: ``[{start, end, text, confidence}]``."""

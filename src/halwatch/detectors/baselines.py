@@ -76,12 +76,15 @@ class ResponseLength(Detector):
 
 class LinearProbe(Detector):
     """Linear probe on hidden states (TOHA Table 11; Azaria & Mitchell 2023): a logistic regression on the
-    standardised mean over response tokens of the middle layer's hidden state, trained on the probe data."""
+    standardised mean over response tokens of the middle layer's hidden state, trained on the probe data; its
+    regularisation chosen by cross-validation on the probe (``C="cv"``, 576 features against 100-2,500 answers)
+    and its calibration fitted out of fold."""
 
     name = "linear-probe"
     citation = "Azaria & Mitchell, Findings of EMNLP 2023; TOHA Table 11"
+    supervised = True
 
-    def __init__(self, scorer=None, calibration: str = "platt", C: float = 1.0, **settings):
+    def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", **settings):
         super().__init__(scorer=scorer, calibration=calibration, C=C, **settings)
         self.model: dict = {}
 
@@ -97,6 +100,11 @@ class LinearProbe(Detector):
 
     def fit_method(self, signals, labels):
         self.model = fit_logistic(self._features(signals), labels, self.settings["C"])
+
+    def fold_copy(self):
+        copy = super().fold_copy()
+        copy.settings["C"] = self.model["C"]
+        return copy
 
     def raw_scores(self, signals):
         return logistic_logodds(self.model, self._features(signals))

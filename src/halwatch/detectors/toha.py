@@ -24,6 +24,7 @@ class TOHA(Detector):
 
     name = "toha"
     citation = "Bazarova et al., TOHA (shared/papers/toha.md), Algorithm 1"
+    supervised = True
 
     def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, divergence: str = "mtopdiv",
                  **settings):
@@ -37,7 +38,13 @@ class TOHA(Detector):
         return self._scorer().model.all_heads()
 
     def request(self) -> SignalRequest:
-        heads = self.heads if self.heads is not None else self._all_heads()
+        return self._request(self.heads if self.heads is not None else self._all_heads())
+
+    def fit_request(self) -> SignalRequest:
+        """Head selection reads every head, also when a fitted detector is fitted again."""
+        return self._request(self._all_heads())
+
+    def _request(self, heads) -> SignalRequest:
         mst = self.settings["divergence"] == "mst"
         return SignalRequest(heads=tuple(map(tuple, heads)), reducers=(self.settings["divergence"],),
                              attention_from="all" if mst else "response")
@@ -107,6 +114,7 @@ class TOHACopyHeads(TOHA):
 
     name = "toha-copy"
     citation = "Bazarova et al., TOHA (shared/papers/toha.md), section 4.4, Table 5"
+    supervised = False  # the heads are chosen without labels
 
     def __init__(self, scorer=None, calibration: str = "platt", n_copy: int = 4, **settings):
         super().__init__(scorer=scorer, calibration=calibration, n_copy=n_copy, **settings)

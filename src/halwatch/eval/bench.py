@@ -21,47 +21,51 @@ def _series(rows, key):
     return {d: [(x, float(np.mean(v)), float(np.std(v))) for x, v in pts.items()] for d, pts in out.items()}
 
 
-def run_bench(args, command: str) -> None:
-    from halwatch.cli import _scorer_from, _settings
+def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list[str], out: str | Path,
+              seeds: int = 5, probe_size: int | None = None, settings: dict | None = None, sweeps: bool = False,
+              sweep: str | None = None, map_from_model: str | None = None, command: str = "") -> Path:
+    """Run ``protocols`` over ``datasets`` for every detector (``settings`` go to each detector that has them),
+    optionally the TOHA sweeps, a setting sweep and the Lookback Lens cross-model map; merge the rows into
+    ``out/results.json``, append ``command`` to ``out/commands.txt`` and write the report. Returns its path."""
     from halwatch.detectors import DETECTORS, split_spec
 
-    scorer = _scorer_from(args)
-    settings = _settings(args)
-    methods = {d: split_spec(d)[0] for d in args.detectors}
+    settings = settings or {}
+    methods = {d: split_spec(d)[0] for d in detectors}
     unknown = [d for d, m in methods.items() if m not in DETECTORS]
     if unknown:
         raise HalwatchError(f"unknown detector(s) {unknown}: known are {', '.join(sorted(DETECTORS))}")
     options = {d: {k: v for k, v in settings.items() if k in DETECTORS[methods[d]].setting_names()}
-               for d in args.detectors}
+               for d in detectors}
     unused = [k for k in settings if not any(k in o for o in options.values())]
     if unused:
         raise HalwatchError(f"no detector of this run has the setting(s) {unused}")
-    bench = Bench(scorer, args.detectors, options)
-    seeds = list(range(args.seeds))
-    for protocol in args.protocol:
-        bench.run(protocol, args.datasets, seeds=seeds, probe_size=args.probe_size)
-    if args.map_from_model:
+    bench = Bench(scorer, detectors, options)
+    seed_list = list(range(seeds))
+    for protocol in protocols:
+        bench.run(protocol, datasets, seeds=seed_list, probe_size=probe_size)
+    if map_from_model:
         from halwatch.scorer import Scorer
 
-        source = Scorer(model=args.map_from_model, input_mode=scorer.input_mode, max_tokens=scorer.max_tokens,
+        source = Scorer(model=map_from_model, input_mode=scorer.input_mode, max_tokens=scorer.max_tokens,
                         cache=scorer.cache is not None and scorer.cache.root, batch_size=scorer.batch_size)
-        bench.run_mapped(source, args.datasets, seeds=seeds, probe_size=args.probe_size)
-    out = Path(args.out)
+        bench.run_mapped(source, datasets, seeds=seed_list, probe_size=probe_size)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.sweeps:
-        (out / "sweeps.md").write_text("\n".join(sweeps(bench, args.datasets, seeds, out)) + "\n")
-    if args.sweep:
-        lines = setting_sweep(bench, args.protocol[0], args.datasets[0], seeds, args.sweep, args.probe_size)
+    if sweeps:
+        (out / "sweeps.md").write_text("\n".join(toha_sweeps(bench, datasets, seed_list, out)) + "\n")
+    if sweep:
+        lines = setting_sweep(bench, protocols[0], datasets[0], seed_list, sweep, probe_size)
         print("\n".join(lines))
-        (out / f"sweep-{args.sweep.partition('=')[0]}.md").write_text("\n".join(lines) + "\n")
+        (out / f"sweep-{sweep.partition('=')[0]}.md").write_text("\n".join(lines) + "\n")
     save_results(out, bench.rows, bench.predictions)
     with open(out / "commands.txt", "a") as f:
         f.write(command + "\n")
     path = write_report(out)
     print(f"{len(bench.rows)} runs -> {out / 'results.json'}; report: {path}")
+    return path
 
 
-def sweeps(bench: Bench, datasets, seeds, out: Path) -> list[str]:
+def toha_sweeps(bench: Bench, datasets, seeds, out: Path) -> list[str]:
     """AUROC vs probe size (TOHA Figure 3a-b) and vs N_max (Figure 4b-c) on the first dataset with the official
     split, and the Δ scatter of heads on the first two datasets (Figure 2). Returns report lines."""
     from halwatch.detectors.heads import head_deltas

@@ -4,8 +4,14 @@ precision, recall, and the trivial "always hallucinated" F1 beside them."""
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import accuracy_score, average_precision_score, f1_score, precision_score, recall_score
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import (
+    accuracy_score,
+    average_precision_score,
+    f1_score,
+    precision_score,
+    recall_score,
+    roc_auc_score,
+)
 
 
 def trivial_f1(labels) -> float:
@@ -14,14 +20,18 @@ def trivial_f1(labels) -> float:
     return 2 * p / (1 + p) if p > 0 else 0.0
 
 
-def evaluate(labels, probs, threshold: float) -> dict:
+def evaluate(labels, probs, threshold: float, ranking=None) -> dict:
+    """Every metric of one test set. AUROC and AUC-PR rank the answers by ``ranking`` (the detector's raw score,
+    oriented as its calibration; default: the probabilities), never by probabilities that clipping or saturation
+    can tie; the verdicts (F1, accuracy, precision, recall) compare the probabilities with the threshold."""
     labels = np.asarray(labels, dtype=int)
     probs = np.asarray(probs, dtype=float)
+    ranking = probs if ranking is None else np.asarray(ranking, dtype=float)
     pred = probs >= threshold
     both = len(np.unique(labels)) == 2
     return {
-        "auroc": float(roc_auc_score(labels, probs)) if both else float("nan"),
-        "auc_pr": float(average_precision_score(labels, probs)) if both else float("nan"),
+        "auroc": float(roc_auc_score(labels, ranking)) if both else float("nan"),
+        "auc_pr": float(average_precision_score(labels, ranking)) if both else float("nan"),
         "f1": float(f1_score(labels, pred, zero_division=0)),
         "accuracy": float(accuracy_score(labels, pred)),
         "precision": float(precision_score(labels, pred, zero_division=0)),

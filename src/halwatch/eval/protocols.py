@@ -9,8 +9,7 @@ import numpy as np
 
 from halwatch.errors import InputError
 from halwatch.eval.metrics import evaluate, span_scores
-from halwatch.models.forward import SignalRequest
-from halwatch.signals import whitebox_request
+from halwatch.models.forward import SignalRequest, whitebox_request
 
 log = logging.getLogger("halwatch")
 
@@ -147,32 +146,37 @@ class Bench:
         out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
         if getattr(det, "window_model", None) is not None:
             x, y = det.window_data(signals, views)
-            found = evaluate(y, det.window_probabilities(x), det.window_threshold)
+            found = evaluate(y, det.window_probabilities(x), det.window_threshold, det.window_logodds(x))
             out |= {f"window_{k}": found[k] for k in ("auroc", "auc_pr", "f1", "trivial_f1", "n_test")}
         return out
 
     def fit_score(self, detector_name, train, test, options=None):
-        """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals."""
+        """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals: ``(detector,
+        (probabilities, ranking scores))``."""
         from halwatch.detectors import create_detector
 
         det = create_detector(detector_name, scorer=self.scorer, **{**self.options.get(detector_name, {}),
                                                                     **(options or {})})
         det.fit_signals(*train)
-        return det, det.score_signals(test)
+        return det, det.scores_and_ranking(test)
 
-    def _record(self, dataset, generator, protocol, seed, detector, labels, probs, threshold, seconds, extra=None,
+    def _record(self, dataset, generator, protocol, seed, detector, labels, scored, threshold, seconds, extra=None,
                 probe_size=None):
+        """One result row and the test predictions: ``scored`` = (probabilities, ranking scores); AUROC and AUC-PR
+        rank by the ranking score, which predictions.jsonl keeps as ``raw``."""
+        probs, ranking = scored
+        identity = {k: v for k, v in self.scorer.identity().items() if k in ("scoring_model", "input_mode")}
         row = {
-            "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **{k: v for k, v in self.scorer.identity().items()
-                                                           if k in ("scoring_model", "input_mode")},
+            "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **identity,
             "detector": detector, "protocol": protocol, "seed": int(seed),
-            **evaluate(labels, probs, threshold), "seconds": round(seconds, 3), "commit": self.commit,
+            **evaluate(labels, probs, threshold, ranking), "seconds": round(seconds, 3), "commit": self.commit,
             **(extra or {}),
         }
         self.rows.append(row)
         self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode",
                                                      "probe_size")}
-                                | {"labels": [int(x) for x in labels], "probs": [float(p) for p in probs]})
+                                | {"labels": [int(x) for x in labels], "probs": [float(p) for p in probs],
+                                   "raw": [float(r) for r in ranking]})
         return row
 
     def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None):
@@ -190,11 +194,11 @@ class Bench:
                     _, labels, views, signals, generator = self._detector_data(name, det_name, options,
                                                                                np.concatenate([probe, test]))
                     t0 = time.perf_counter()
-                    det, probs = self.fit_score(
+                    det, scored = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
                         [signals[i] for i in test], options)
                     spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test])
-                    self._record(name, generator, protocol, seed, det_name, labels[test], probs, det.threshold,
+                    self._record(name, generator, protocol, seed, det_name, labels[test], scored, det.threshold,
                                  time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
@@ -217,9 +221,9 @@ class Bench:
                 fitted = LookbackLens(scorer=source_scorer).fit_signals([s_signals[i] for i in probe],
                                                                          s_labels[probe], [s_views[i] for i in probe])
                 mapped = LookbackLens.mapped_from(fitted, self.scorer, [samples[i] for i in probe])
-                probs = mapped.score_signals([signals[i] for i in test])
+                scored = mapped.scores_and_ranking([signals[i] for i in test])
                 spans = self.span_metrics(mapped, [signals[i] for i in test], [views[i] for i in test])
-                self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], probs,
+                self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], scored,
                              mapped.threshold, time.perf_counter() - t0, spans, probe_size=probe_size)
         return self.rows
 
@@ -236,11 +240,11 @@ class Bench:
                 _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
                 _, t_labels, t_views, t_signals, generator = self._detector_data(target, det_name, options, t_test)
                 t0 = time.perf_counter()
-                det, probs = self.fit_score(
+                det, scored = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
                     [t_signals[i] for i in t_test], options)
                 spans = self.span_metrics(det, [t_signals[i] for i in t_test], [t_views[i] for i in t_test])
-                self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], probs,
+                self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
                              det.threshold, time.perf_counter() - t0, {**(extra or {}), **spans},
                              probe_size=probe_size)
 
@@ -255,8 +259,10 @@ def save_results(out_dir, rows, predictions) -> None:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = lambda r: (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"],
-                     r.get("scoring_model"), r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
+    def key(r):
+        return (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"], r.get("scoring_model"),
+                r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
+
     for name, new in (("results.json", rows), ("predictions.jsonl", predictions)):
         path = out / name
         old = []

@@ -13,8 +13,8 @@ import numpy as np
 
 METRICS = ("auroc", "auc_pr", "f1", "accuracy", "precision", "recall", "trivial_f1")
 #: Span-level figures, present for detectors with token scores on data with gold spans (Bench.span_metrics).
-SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "window_auroc", "window_auc_pr", "window_f1",
-                "window_trivial_f1")
+SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "window_auroc", "window_auc_pr",
+                "window_f1", "window_trivial_f1")
 
 
 def _group(rows, *keys):
@@ -198,8 +198,8 @@ def write_report(out_dir) -> Path:
             lines += ["**Average AUROC rank** over (dataset, seed) cases (1 = best): "
                       + ", ".join(f"{d} {r:.2f}" for d, r in sorted(avg.items(), key=lambda x: x[1])), ""]
             lines += ["| method 1 | method 2 | p (Wilcoxon) | p (Holm) | significant |", "|---|---|---|---|---|"]
-            lines += [f"| {t['a']} | {t['b']} | {t['p']:.4f} | {t['p_holm']:.4f} | {'yes' if t['significant'] else 'no'} |"
-                      for t in tests]
+            lines += [f"| {t['a']} | {t['b']} | {t['p']:.4f} | {t['p_holm']:.4f} | "
+                      f"{'yes' if t['significant'] else 'no'} |" for t in tests]
             lines.append("")
         for dataset in sorted({r["dataset"] for r in group}):
             fig = (f"roc-{protocol}-{probe}-{mode}-"

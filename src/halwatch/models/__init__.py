@@ -1,7 +1,7 @@
 """Scoring language models: registry and pull (:mod:`.registry`), loading (:mod:`.loader`), forward pass
 (:mod:`.forward`)."""
 
-from halwatch.models.forward import Signals, SignalRequest
+from halwatch.models.forward import SignalRequest, Signals
 from halwatch.models.loader import ScoringModel, load_model
 from halwatch.models.registry import DEFAULT_MODEL, MODELS, pull
 

@@ -2,9 +2,10 @@
 
 Attention maps are never materialised for every layer: the model runs with PyTorch's fused SDPA attention, and a thin
 attention function registered with transformers (``halwatch``) recomputes, for the requested ``(layer, head)`` pairs
-only, the softmax rows of the response tokens from the query and key states that the layer already computed (after
-rotary embedding, with the layer's own mask and scaling). Per-head reducers (e.g. MTop-Div) run on those rows inside
-the pass, layer by layer, so even the rows need not be kept.
+only, the softmax rows from the query and key states that the layer already computed (after rotary embedding, with
+the layer's own mask and scaling). The per-head reducers (:mod:`halwatch.signals.reducers`: lookback ratios,
+MTop-Div, the diagonal, the sink) run on those rows inside the pass, layer by layer, in torch on the model's device;
+only their small per-head results leave it.
 """
 
 from __future__ import annotations
@@ -16,24 +17,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from halwatch.models import relevance as lrp
-from halwatch.models.relevance import RelevanceRequest
-from halwatch.models.sampling import SamplingRequest
+from halwatch.models.masking import masked_scores
+from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
+from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
+from halwatch.signals import reducers as reducer_lib
+from halwatch.signals.reducers import REDUCERS, Rows
 from halwatch.tokens import TokenView
 
 ATTN_IMPLEMENTATION = "halwatch"
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("halwatch_capture", default=None)
-
-#: Functions ``(rows[H, Q, n], n_prompt, row_start) -> {field: array with leading dimension H}`` that turn the
-#: attention rows of some heads into per-head signals. Signal modules register theirs with :func:`register_reducer`.
-REDUCERS: dict = {}
-
-
-def register_reducer(name: str):
-    def wrap(fn):
-        REDUCERS[name] = fn
-        return fn
-
-    return wrap
 
 
 @dataclass(frozen=True)
@@ -44,10 +36,13 @@ class SignalRequest:
     - ``hidden_layers``: indices into the hidden-state stack (0 = embeddings, i = output of layer i), response rows.
     - ``hidden_pool``: ``"none"`` (every response row) or ``"mean_last"`` (the mean over response tokens and the last
       response token: ``[layers, 2, d]``, small enough to cache for whole datasets).
+    - ``token_hidden_layers``: layers whose hidden state of every response token is returned besides the (pooled)
+      ``hidden_layers`` (``token_hidden [layers, R, d]``), for token-level classifiers.
     - ``heads``: ``(layer, head)`` pairs whose attention rows are captured.
     - ``attention_from``: ``"response"`` (rows of response tokens) or ``"all"`` (rows of every token).
     - ``keep_attention``: return the captured rows themselves (large); otherwise only reducer outputs.
-    - ``reducers``: names in :data:`REDUCERS` applied to the captured rows of every requested head.
+    - ``reducers``: names in :data:`halwatch.signals.reducers.REDUCERS` applied to the captured rows of every
+      requested head.
     - ``sampling``: extra answers sampled from the scoring model for the prompt
       (:class:`halwatch.models.sampling.SamplingRequest`), for the sampling baselines.
     - ``relevance``: relevance of the input tokens for the response tokens
@@ -58,6 +53,7 @@ class SignalRequest:
     token_stats: bool = False
     hidden_layers: tuple[int, ...] = ()
     hidden_pool: str = "none"
+    token_hidden_layers: tuple[int, ...] = ()
     heads: tuple[tuple[int, int], ...] = ()
     attention_from: str = "response"
     keep_attention: bool = False
@@ -67,17 +63,18 @@ class SignalRequest:
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
-        object.__setattr__(self, "heads", tuple(sorted({(int(l), int(h)) for l, h in self.heads})))
+        object.__setattr__(self, "token_hidden_layers", tuple(sorted(set(self.token_hidden_layers))))
+        object.__setattr__(self, "heads", tuple(sorted({(int(layer), int(h)) for layer, h in self.heads})))
         object.__setattr__(self, "reducers", tuple(sorted(set(self.reducers))))
         if self.hidden_pool not in ("none", "mean_last"):
             raise ValueError(f"hidden_pool must be 'none' or 'mean_last', not {self.hidden_pool!r}")
         if self.attention_from not in ("response", "all"):
             raise ValueError(f"attention_from must be 'response' or 'all', not {self.attention_from!r}")
-        import halwatch.signals  # noqa: F401  pyflakes: ignore (imported to register the reducers)
-
         unknown = [r for r in self.reducers if r not in REDUCERS]
         if unknown:
             raise ValueError(f"unknown attention reducer(s) {unknown}: known are {sorted(REDUCERS)}")
+        if self.attention_from != "all" and any(REDUCERS[r].needs_all_rows for r in self.reducers):
+            raise ValueError("the 'mst' reducer needs the attention rows of every token (attention_from='all')")
 
     def merge(self, *others: "SignalRequest") -> "SignalRequest":
         reqs = (self, *others)
@@ -86,6 +83,7 @@ class SignalRequest:
             hidden_layers=tuple(x for r in reqs for x in r.hidden_layers),
             hidden_pool="mean_last" if all(r.hidden_pool == "mean_last" for r in reqs if r.hidden_layers) and any(
                 r.hidden_layers for r in reqs) else "none",
+            token_hidden_layers=tuple(x for r in reqs for x in r.token_hidden_layers),
             heads=tuple(x for r in reqs for x in r.heads),
             attention_from="all" if any(r.attention_from == "all" for r in reqs) else "response",
             keep_attention=any(r.keep_attention for r in reqs),
@@ -99,10 +97,19 @@ class SignalRequest:
         return self.merge(other) == self
 
     def key(self) -> dict:
-        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sampling", "relevance")}
-        for name in ("sampling", "relevance"):  # only when set, so that keys of earlier cache entries stay valid
-            if getattr(self, name) is not None:
-                key[name] = asdict(getattr(self, name))
+        """What identifies this request's signals in the cache: every field (the optional ones only when set) and
+        the version of each reducer, so that a changed signal definition never reuses old values."""
+        optional = ("sampling", "relevance", "token_hidden_layers")
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
+        for name in optional:
+            if getattr(self, name):
+                value = getattr(self, name)
+                key[name] = asdict(value) if name in ("sampling", "relevance") else value
+        key["reducer_versions"] = reducer_lib.versions(self.reducers)
+        if self.sampling is not None:
+            key["sampling_version"] = SAMPLING_VERSION
+        if self.relevance is not None:
+            key["relevance_version"] = RELEVANCE_VERSION
         return key
 
     def without_sampling(self) -> "SignalRequest":
@@ -131,10 +138,12 @@ class Signals:
     n_response: int
     heads: tuple[tuple[int, int], ...] = ()
     hidden_layers: tuple[int, ...] = ()
+    token_hidden_layers: tuple[int, ...] = ()
     logprobs: np.ndarray | None = None  # [R] log p(token_t | prefix)
     entropy: np.ndarray | None = None  # [R] entropy of the predictive distribution at token t
     hidden: np.ndarray | None = None  # [len(hidden_layers), R, d], or [len(hidden_layers), 2, d] pooled
-    attention: np.ndarray | None = None  # [H, Q, n] rows from row_start (n_prompt, or 0 with attention_from="all")
+    token_hidden: np.ndarray | None = None  # [len(token_hidden_layers), R, d], float16
+    attention: np.ndarray | None = None  # [H, Q, n] rows of the response tokens (every token: attention_from="all")
     reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
     generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
     relevance: dict[str, np.ndarray] | None = None  # see the class docstring
@@ -145,8 +154,9 @@ class Signals:
             "n_response": np.array(self.n_response),
             "heads": np.array(self.heads, dtype=np.int32).reshape(-1, 2),
             "hidden_layers": np.array(self.hidden_layers, dtype=np.int32),
+            "token_hidden_layers": np.array(self.token_hidden_layers, dtype=np.int32),
         }
-        for name in ("logprobs", "entropy", "hidden", "attention"):
+        for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
@@ -161,10 +171,9 @@ class Signals:
             n_response=int(arrays["n_response"]),
             heads=tuple(tuple(int(x) for x in row) for row in arrays["heads"]),
             hidden_layers=tuple(int(x) for x in arrays["hidden_layers"]),
-            logprobs=arrays["logprobs"] if "logprobs" in arrays else None,
-            entropy=arrays["entropy"] if "entropy" in arrays else None,
-            hidden=arrays["hidden"] if "hidden" in arrays else None,
-            attention=arrays["attention"] if "attention" in arrays else None,
+            token_hidden_layers=tuple(int(x) for x in arrays.get("token_hidden_layers", ())),
+            **{name: arrays[name] if name in arrays else None
+               for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention")},
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
             generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
             relevance={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("rel:")} or None,
@@ -176,33 +185,24 @@ class Signals:
         return self.reduced[name][[index[tuple(h)] for h in heads]]
 
 
-def masked_scores(scores, mask, first_row: int):
-    """Attention scores ``[..., Q, K]`` with the layer's mask applied: ``mask`` cut to these rows and columns
-    (boolean = allowed, else additive), or ``None`` for the causal mask of queries at positions ``first_row ...``."""
-    import torch
-
-    if mask is None:
-        rows = torch.arange(first_row, first_row + scores.shape[-2], device=scores.device)[:, None]
-        cols = torch.arange(scores.shape[-1], device=scores.device)[None, :]
-        return scores.masked_fill(cols > rows, float("-inf"))
-    if mask.dtype == torch.bool:
-        return scores.masked_fill(~mask, float("-inf"))
-    return scores + mask.to(scores.dtype)
-
-
 class _Capture:
-    """Collects attention rows of chosen heads while the model runs, one batch at a time."""
+    """Runs the requested reducers on the attention rows of the chosen heads while the model runs, layer by layer,
+    in torch on the model's device; keeps the rows themselves only when asked (``keep_attention``)."""
 
     def __init__(self, request: SignalRequest, views: list[TokenView], offset: int = 0):
         self.request = request
-        self.offset = offset  # absolute position of the first query (the length of a cached prefix)
+        self.offset = offset  # absolute position of the first query run (the length of a cached prefix)
         self.by_layer: dict[int, list[int]] = {}
         for layer, head in request.heads:
             self.by_layer.setdefault(layer, []).append(head)
-        self.n_prompt = [v.n_prompt for v in views]
+        self.views = views
         self.lengths = [len(v.input_ids) for v in views]
-        self.rows: list[dict[int, np.ndarray]] = [{} for _ in views]
-        self.reduced: list[dict[int, dict[str, np.ndarray]]] = [{} for _ in views]
+        self.rows: list[dict] = [{} for _ in views]
+        self.reduced: list[dict[int, dict]] = [{} for _ in views]
+
+    def first_row(self, b: int) -> int:
+        """Rows begin at the last prompt token (the query that generates the first response token), or at 0."""
+        return 0 if self.request.attention_from == "all" else self.views[b].n_prompt - 1
 
     def record(self, module, query, key, attention_mask, scaling):
         import torch
@@ -219,21 +219,21 @@ class _Capture:
             scaling = query.shape[-1] ** -0.5
         off = self.offset
         for b in range(query.shape[0]):
-            start = 0 if self.request.attention_from == "all" else self.n_prompt[b]
-            end = self.lengths[b]
+            start, end, view = self.first_row(b), self.lengths[b], self.views[b]
             scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
                                   k_sel[b, :, :end].float().transpose(-1, -2))
             mask = None if attention_mask is None else attention_mask[b, :, start - off:end - off, :end]
-            scores = masked_scores(scores * scaling, mask, start)
-            probs = torch.softmax(scores, dim=-1).cpu().numpy()
+            probs = torch.softmax(masked_scores(scores * scaling, mask, start), dim=-1)
+            rows = Rows(probs, view.n_prompt, view.n_header, start)
             if self.request.keep_attention:
-                self.rows[b][layer] = probs
-            for name in self.request.reducers:
-                self.reduced[b].setdefault(layer, {}).update(
-                    {f"{name}.{k}": v for k, v in REDUCERS[name](probs, self.n_prompt[b], start).items()}
-                )
+                kept = probs if self.request.attention_from == "all" else rows.response()
+                self.rows[b][layer] = kept.cpu().numpy()
+            if self.request.reducers:
+                self.reduced[b][layer] = reducer_lib.reduce(self.request.reducers, rows)
 
     def assemble(self, b: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+        import torch
+
         layers = sorted(self.by_layer)
         attention = None
         if self.request.keep_attention:
@@ -241,7 +241,8 @@ class _Capture:
         reduced = {}
         if self.request.reducers:
             names = self.reduced[b][layers[0]].keys()
-            reduced = {n: np.concatenate([self.reduced[b][layer][n] for layer in layers], axis=0) for n in names}
+            reduced = {n: torch.cat([self.reduced[b][layer][n] for layer in layers]).float().cpu().numpy()
+                       for n in names}
         return attention, reduced
 
 
@@ -282,8 +283,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
 
     ``past``: ``(cache, P)``, a key/value cache of the first ``P`` input tokens, which every view shares, with one
     row per view (guided decoding scores its candidates this way); only the tokens after it are run. ``P`` must be
-    below every view's ``n_prompt`` (signals begin at the last prompt token) and below ``P`` when
-    ``attention_from="all"`` is asked. The cache is left with ``P`` tokens.
+    below every view's ``n_prompt`` (signals begin at the last prompt token), and no cached prefix can serve
+    ``attention_from="all"``. The cache is left with ``P`` tokens.
     """
     import torch
 
@@ -321,7 +322,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
         token = _ACTIVE.set(capture)
         try:
             out = model(**inputs, attention_mask=attn_mask, past_key_values=cache,
-                        output_hidden_states=bool(request.hidden_layers), logits_to_keep=keep,
+                        output_hidden_states=bool(request.hidden_layers or request.token_hidden_layers),
+                        logits_to_keep=keep,
                         use_cache=cache is not None)
         finally:
             _ACTIVE.reset(token)
@@ -334,7 +336,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     results = []
     for b, v in enumerate(views):
         sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
-                      hidden_layers=request.hidden_layers)
+                      hidden_layers=request.hidden_layers, token_hidden_layers=request.token_hidden_layers)
         if request.token_stats:
             first = longest - keep  # absolute position of out.logits[:, 0]
             logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].detach().float()
@@ -342,12 +344,17 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             target = torch.tensor(v.input_ids[v.n_prompt :])
             sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
             sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
+        def response_hidden(i):
+            return out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].detach().float()
+
         if request.hidden_layers:
-            rows = [out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].detach().float()
-                    for i in request.hidden_layers]
+            rows = [response_hidden(i) for i in request.hidden_layers]
             if request.hidden_pool == "mean_last":
                 rows = [torch.stack([r.mean(0), r[-1]]) for r in rows]
-            sig.hidden = np.stack([r.numpy() for r in rows])
+            sig.hidden = np.stack([r.cpu().numpy() for r in rows])
+        if request.token_hidden_layers:
+            sig.token_hidden = np.stack([response_hidden(i).half().cpu().numpy()
+                                         for i in request.token_hidden_layers])
         if capture is not None:
             sig.attention, sig.reduced = capture.assemble(b)
         if rel is not None:
@@ -360,3 +367,19 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
                 sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)
         results.append(sig)
     return results
+
+
+def whitebox_request(model) -> SignalRequest:
+    """One forward pass that feeds every white-box detector and baseline: token statistics, pooled hidden states of
+    the middle and last layer (linear probe), every response token's hidden state of the middle layer (token-level
+    classifiers), and for every head the MTop-Div (TOHA), the lookback ratios (Lookback Lens), the attention
+    diagonal (LLM-Check) and the attention sink. Benchmarks always ask for exactly this, and the scorer serves any
+    request it covers from its cached entries, so detectors, protocols and reruns share one pass per answer."""
+    return SignalRequest(
+        token_stats=True,
+        hidden_layers=(model.n_layers // 2, model.n_layers),
+        hidden_pool="mean_last",
+        token_hidden_layers=(model.n_layers // 2,),
+        heads=model.all_heads(),
+        reducers=("diag", "lookback", "mtopdiv", "sink"),
+    )

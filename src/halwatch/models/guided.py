@@ -20,7 +20,7 @@ import numpy as np
 from halwatch.errors import InputError
 from halwatch.models import forward
 from halwatch.models.sampling import answer_text, draw_tokens
-from halwatch.tokens import TokenView, _prompt_ids
+from halwatch.tokens import TokenView, _prompt_ids, answer_header_length
 
 
 @dataclass
@@ -40,10 +40,10 @@ def decoding_name(detector=None, sample: bool = False) -> str:
     return detector.name if detector is not None else ("sampled" if sample else "greedy")
 
 
-def _view(prompt_ids, response_ids, input_mode) -> TokenView:
-    """A token view of generated ids (no text yet: the forward pass reads only the ids and the boundary)."""
+def _view(prompt_ids, response_ids, input_mode, n_header: int) -> TokenView:
+    """A token view of generated ids (no text yet: the forward pass reads only the ids and the boundaries)."""
     return TokenView(sample=None, input_ids=list(prompt_ids) + list(response_ids), n_prompt=len(prompt_ids),
-                     offsets=[(0, 0)] * len(response_ids), input_mode=input_mode)
+                     offsets=[(0, 0)] * len(response_ids), input_mode=input_mode, n_header=n_header)
 
 
 def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new_tokens: int = 64,
@@ -69,6 +69,7 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
     chunk = chunk if detector is not None else max_new_tokens  # unguided: one uninterrupted run
     request = detector.request() if detector is not None else None
     prompt_ids = _prompt_ids(tok, prompt, input_mode)
+    n_header = answer_header_length(tok, prompt, input_mode, prompt_ids)
     if len(prompt_ids) < 2:
         raise InputError("the prompt is too short to answer (it needs at least two tokens)", where)
     if max_tokens is not None and len(prompt_ids) + max_new_tokens > max_tokens:
@@ -91,8 +92,10 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
             forward.crop_cache(cache, cached)
             best = 0
             if detector is not None:
-                views = [_view(prompt_ids, response + toks, input_mode) for toks in drawn["tokens"]]
-                signals = forward.run(scoring_model, views, request, past=(cache, cached))
+                views = [_view(prompt_ids, response + toks, input_mode, n_header) for toks in drawn["tokens"]]
+                # a detector that reads the rows of every token (toha-mst) needs the whole input in the pass
+                past = None if request.attention_from == "all" else (cache, cached)
+                signals = forward.run(scoring_model, views, request, past=past)
                 raw = np.asarray(detector.continuation_scores(signals, len(response)), dtype=float)
                 best = int(np.argmin(raw))
                 scores.append(float(raw[best]))

@@ -30,15 +30,31 @@ eq. 7-9 resampling matrix (``R*`` resampled along the response) or the identity 
 vmapped (``is_grads_batched``) backward passes in chunks on an accelerator, one plain pass each on a CPU.
 ``R^response`` (eq. 6) is a sum over input tokens, a forward-mode derivative: one Jacobian-vector product with the
 prompt's embeddings as tangent gives it for every response token.
+
+The rules find their modules by kind: ``torch.nn.LayerNorm``, a class whose name ends in ``RMSNorm``, a gated MLP
+with ``gate_proj``, ``up_proj`` and an ``act_fn`` module (``act_fn(gate_proj(x)) * up_proj(x)``, as in Llama), and
+parameter-free activation modules. Everything else keeps its plain gradient, which is right for linear maps and
+sums but not for normalisations, gated products or mixture-of-experts routing. Those the rules do not recognise (a
+class with "norm" in its name that is none of the above; a module with a "gate" part that is not the Llama pattern,
+such as Phi-3's fused ``gate_up_proj``; a mixture-of-experts block) are named in one warning per class, once per
+model (:func:`unrecognised`): relevance through them is Input x Gradient's, not conserved. A Llama-pattern MLP
+whose ``act_fn`` is not a module is refused: half of the uniform rule could be applied and not the other.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import re
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
+
+from halwatch.errors import HalwatchError
+
+log = logging.getLogger("halwatch")
 
 METHODS = ("lrp", "lrp-cp", "ixg")
 TARGETS = ("token", "max")
@@ -48,6 +64,10 @@ SEED_CHUNK = 16
 BATCHED: bool | None = None
 
 _RULES: contextvars.ContextVar = contextvars.ContextVar("halwatch_lrp", default=None)
+
+
+#: Version of the relevance pass, part of the signal-cache key (2: ``R*`` rows resampled with exact integer bounds).
+RELEVANCE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -109,18 +129,102 @@ def _layer_norm(module, x):
 
 
 _ACTIVATIONS = ("SiLU", "GELU", "ReLU", "Tanh", "Sigmoid", "Activation", "Mish", "Swish")
+#: Models whose unrecognised modules were already reported (the warning comes once per model).
+_WARNED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _is_norm(module) -> bool:
+    """A normalisation the rules cover: ``torch.nn.LayerNorm`` or an RMSNorm (by class name)."""
+    import torch
+
+    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+
+
+def _is_gated_mlp(module) -> bool:
+    """The gated MLP the rules cover: ``act_fn(gate_proj(x)) * up_proj(x)`` (Llama, Mistral, Qwen, Gemma ...)."""
+    return all(hasattr(module, a) for a in ("gate_proj", "up_proj", "act_fn"))
+
+
+def _is_activation(module) -> bool:
+    """A parameter-free element-wise activation module (by class name)."""
+    kind = type(module).__name__
+    return any(a in kind for a in _ACTIVATIONS) and not list(module.children())
+
+
+def _uncovered(module) -> str | None:
+    """Why relevance through ``module`` falls back to the plain gradient, or ``None`` when the rules cover it (or it
+    needs no rule)."""
+    kind = type(module).__name__.lower()
+    if _is_norm(module) or _is_gated_mlp(module) or _is_activation(module):
+        return None
+    parts = [n for n, _ in module.named_children()] + [n for n, _ in module.named_parameters(recurse=False)]
+    if "expert" in kind or any("expert" in n.lower() for n in parts):
+        return ("a mixture-of-experts block: routing weights times expert outputs (and experts with a fused "
+                "gate_up_proj) keep the plain gradient (no LRP rule for routing here)")
+    gates = [n for n in parts if re.search(r"(^|_)gate", n)]
+    if gates:
+        return (f"a gated block (with {', '.join(gates)}) that is not act_fn(gate_proj(x)) * up_proj(x): its product "
+                "keeps the plain gradient instead of the uniform rule (relevance counted on both factors)")
+    if "norm" in kind and not any(_is_norm(m) for m in module.modules()):
+        return ("a normalisation that is neither torch.nn.LayerNorm nor an RMSNorm: it keeps the plain gradient (the "
+                "full Jacobian of eq. 3-4) instead of the identity rule")
+    return None
+
+
+def unrecognised(model) -> list[tuple[str, str, str]]:
+    """``(path, class name, reason)`` of the outermost modules of ``model`` whose relevance the rules do not cover:
+    norms, gated products and mixture-of-experts blocks they do not recognise (see the module docstring)."""
+    found = []
+    for path, module in model.named_modules():
+        if any(p == "" or path.startswith(p + ".") for p, _, _ in found):
+            continue
+        reason = _uncovered(module)
+        if reason is not None:
+            found.append((path, type(module).__name__, reason))
+    return found
+
+
+def _warn_unrecognised(model, method: str) -> None:
+    """One warning per class of unrecognised module, the first time ``model`` runs under the rules."""
+    if model in _WARNED:
+        return
+    _WARNED.add(model)
+    by_class: dict[str, list[tuple[str, str]]] = {}
+    for path, kind, reason in unrecognised(model):
+        by_class.setdefault(kind, []).append((path, reason))
+    for kind, where in by_class.items():
+        path, reason = where[0]
+        more = f" (and {len(where) - 1} more like it)" if len(where) > 1 else ""
+        log.warning("relevance (%s): %s at %s%s is %s; relevance through it is not conserved", method, kind,
+                    path or "<model>", more, reason)
+
+
+def _check_gated(path: str, module) -> None:
+    """Refuse a gated MLP whose ``act_fn`` is a plain function: its ``up_proj`` would get the uniform rule's half
+    and the gate path would not (the result would be neither LRP nor Input x Gradient)."""
+    import torch
+
+    if not isinstance(module.act_fn, torch.nn.Module):
+        raise HalwatchError(f"relevance: {type(module).__name__} at {path or '<model>'} has gate_proj and up_proj but "
+                            f"its act_fn is not a module ({type(module.act_fn).__name__}), so the LRP rules cannot "
+                            f"hold the gate constant; use method=ixg for this model")
 
 
 @contextlib.contextmanager
 def rules(model, method: str):
     """Within the block, ``model`` propagates relevance by ``method``'s rules (a no-op for ``"ixg"`` except that
-    attention runs as explicit, differentiable matrix products)."""
+    attention runs as explicit, differentiable matrix products). Modules the rules do not recognise are reported in
+    a warning, once per model; a gated MLP whose activation is not a module is refused (:class:`HalwatchError`)."""
     import torch
 
     handles = []
     token = _RULES.set(method)
     try:
         if method != "ixg":
+            for path, module in model.named_modules():
+                if _is_gated_mlp(module):
+                    _check_gated(path, module)
+            _warn_unrecognised(model, method)
             seen = set()
 
             def once(module, hook):
@@ -129,15 +233,14 @@ def rules(model, method: str):
                     handles.append(module.register_forward_hook(hook))
 
             for module in model.modules():
-                kind = type(module).__name__
                 if isinstance(module, torch.nn.LayerNorm):
                     once(module, lambda m, args, out: _layer_norm(m, args[0]))
-                elif kind.endswith("RMSNorm"):
+                elif _is_norm(module):
                     once(module, lambda m, args, out: linearised(args[0], out))
-                elif all(hasattr(module, a) for a in ("gate_proj", "up_proj", "act_fn")):
+                elif _is_gated_mlp(module):
                     once(module.act_fn, lambda m, args, out: half(linearised(args[0], out)))
                     once(module.up_proj, lambda m, args, out: half(out))
-                elif any(a in kind for a in _ACTIVATIONS) and not list(module.children()):
+                elif _is_activation(module):
                     once(module, lambda m, args, out: linearised(args[0], out))
         yield
     finally:
@@ -175,7 +278,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, **kwargs)
     value = value.repeat_interleave(groups, dim=1)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    from halwatch.models.forward import masked_scores
+    from halwatch.models.masking import masked_scores
 
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     n_q, n_k = scores.shape[-2:]

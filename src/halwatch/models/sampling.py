@@ -6,7 +6,8 @@ The prompt is run once; its key/value cache is repeated for the ``n`` samples, w
 mode where a base-style prompt has no end-of-turn token, at the first line break after some text (as the
 same-model data generator keeps the first line); an answer cannot end before it has begun. For each sample we
 keep its text, the sum of its token log-probabilities under the model (temperature 1, the quantity LN-entropy and
-semantic entropy use), its length in tokens, and the middle layer's hidden state of its last token (the sentence embedding of EigenScore, Chen et al. 2024, section 3.1).
+semantic entropy use), its length in tokens, and the middle layer's hidden state of its last token (the sentence
+embedding of EigenScore, Chen et al. 2024, section 3.1).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from halwatch.tokens import TokenView, _prompt_ids
+
+#: Version of the sampling procedure, part of the signal-cache key of sampled answers (2: stop tokens are masked
+#: before the nucleus is taken).
+SAMPLING_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -60,15 +65,36 @@ def stop_ids(tokenizer, input_mode: str) -> tuple[set[int], set[int]]:
     return eos, (eos | _newline_ids(tokenizer) if input_mode == "raw" else eos)
 
 
+def _draw_probs(logits, stop_mask, started, temperature: float, top_p: float):
+    """The distribution tokens are drawn from [n, V]: stop tokens masked in the rows that have not ``started`` (an
+    answer does not end before it has begun), then temperature, then the nucleus (the smallest set of most likely
+    tokens holding ``top_p`` of the mass). Masking comes first, so the nucleus is taken over the allowed tokens and
+    every row keeps some mass."""
+    import torch
+
+    if not started.all():
+        logits = logits.masked_fill(torch.from_numpy(~started)[:, None] & stop_mask[None, :], float("-inf"))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    return probs
+
+
 def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, gen, temperature: float = 1.0,
-                top_p: float = 1.0, started=None, greedy: bool = False, on_step=None, top_logprobs: int = 0) -> dict:
+                top_p: float = 1.0, started=None, greedy: bool = False, on_step=None, top_logprobs: int = 0,
+                on_token=None, cancel=None) -> dict:
     """Continue ``len(logits)`` sequences from a key/value ``cache`` (one row each) for at most ``steps`` tokens.
 
     ``logits`` [n, V]: the next-token logits after the cached tokens. Tokens are drawn by temperature and nucleus
     sampling with the generator ``gen`` (or argmax when ``greedy``). A sequence ends at an end token, or at a stop
     token (a line break in raw mode) once it has visible text (``started``, per row, carries over between calls);
-    an answer cannot end before it has begun. Each drawn token that does not end its sequence is fed back through
-    the model; ``on_step(out, fed_rows)`` sees each such forward output.
+    an answer cannot end before it has begun (in a row that has not started, the stop tokens are masked before the
+    nucleus is taken, so it draws from the allowed tokens). Each drawn token that does not end its sequence is fed
+    back through the model; ``on_step(out, fed_rows)`` sees each such forward output. ``on_token(row, token_id)``
+    sees each token added to a row and ends the row when it returns true (a stop string); ``cancel`` (a
+    ``threading.Event``) stops every row between tokens.
 
     Returns ``tokens`` (per row, the stop line break kept, the end token not), ``done`` [n], ``started`` [n] and
     ``logprob`` [n] (sum of token log-probabilities at temperature 1); with ``top_logprobs`` = k > 0 also ``top``:
@@ -87,14 +113,10 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
     stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
     stop_mask[sorted(stop)] = True
     for _ in range(steps):
+        if cancel is not None and cancel.is_set():
+            break
         logp = torch.log_softmax(logits, dim=-1)
-        probs = torch.softmax(logits / temperature, dim=-1)
-        if top_p < 1:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > top_p
-            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        if not started.all():  # an answer does not end before it has begun
-            probs[torch.from_numpy(~started)[:, None] & stop_mask[None, :]] = 0.0
+        probs = _draw_probs(logits, stop_mask, started, temperature, top_p)
         nxt = probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=gen)[:, 0]
         fed = []
         best = logp.topk(top_logprobs, dim=-1) if top_logprobs else None
@@ -110,7 +132,10 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
             else:
                 started[b] = started[b] or bool(tokenizer.decode([t], skip_special_tokens=True).strip())
                 tokens[b].append(t)
-                fed.append(b)
+                if on_token is not None and on_token(int(b), t):
+                    done[b] = True
+                else:
+                    fed.append(b)
         if done.all():
             break
         out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True,
@@ -179,10 +204,9 @@ def yes_probability(scoring_model, prompts: list[str], input_mode: str, batch_si
     out = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     pad = tok.pad_token_id or 0
-    from tqdm.auto import tqdm
+    from halwatch.progress import progress
 
-    for start in tqdm(range(0, len(order), batch_size), desc="judge", unit="batch", dynamic_ncols=True,
-                      disable=len(order) < 256):
+    for start in progress(range(0, len(order), batch_size), desc="judge", unit="batch", disable=len(order) < 256):
         batch = order[start:start + batch_size]
         longest = max(len(encoded[i]) for i in batch)
         ids = torch.full((len(batch), longest), pad, dtype=torch.long)

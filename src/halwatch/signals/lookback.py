@@ -1,14 +1,17 @@
-"""Lookback ratio (Chuang et al. 2024, "Lookback Lens", section 2.1): per head and response step, the share of
-attention on the context versus the tokens generated so far.
+"""Lookback ratio (Chuang et al. 2024, "Lookback Lens", section 2.1), NumPy reference, and the sliding windows of
+the span-level detector (section 2.2).
 
-With teacher forcing, the row of response token ``r`` (absolute position ``n_prompt + r``) is the query of the step
-that generates token ``r + 1``; the tokens generated so far are response positions ``n_prompt .. n_prompt + r``
-(the query token included, as in generation, where the newest token attends to itself). For that step
+The ratio of a head at the decoding step that generates response token ``y_i`` is the share of its attention on
+the context against the tokens generated so far. The query of that step is the token before ``y_i`` (the last
+prompt token for ``y_0``), as in the reference implementation, where the features of each new token come from the
+attention row of the pass that produced it. The answer header (``\noutput:``, ``\nAnswer:``, the chat template's
+assistant header) counts as new tokens, as the reference's ``\n#Answer#:`` does. With the query at position
+``q_i = n_prompt - 1 + i`` and ``c = n_prompt - max(n_header, 1)`` context tokens:
 
-    ratio = mean(w[:n_prompt]) / (mean(w[:n_prompt]) + mean(w[n_prompt : n_prompt + r + 1]))
+    ratio_i = mean(w[:c]) / (mean(w[:c]) + mean(w[c : q_i + 1]))
 
-All "context" here is the whole prompt (the template and question included), as in the reference code, where the
-context is everything before the first generated token.
+The forward pass computes this in torch (:func:`halwatch.signals.reducers.lookback`); this function, written
+directly from the formula, is the reference the tests compare it with.
 """
 
 from __future__ import annotations
@@ -16,17 +19,22 @@ from __future__ import annotations
 import numpy as np
 
 
-def lookback_ratios(rows, n_prompt: int) -> np.ndarray:
-    """Lookback ratio of every head at every response step: ``rows[H, R, n]`` (response rows) -> ``[H, R]``."""
-    rows = np.asarray(rows, dtype=np.float64)
+def lookback_ratios(step_rows, n_prompt: int, n_header: int = 0) -> np.ndarray:
+    """Lookback ratio of every head at every response step: ``step_rows[H, R, n]`` (row ``i`` = the query at
+    position ``n_prompt - 1 + i``, over all ``n = n_prompt + R`` keys) -> ``[H, R]``."""
+    rows = np.asarray(step_rows, dtype=np.float64)
     if rows.ndim != 3 or n_prompt <= 0 or rows.shape[2] != n_prompt + rows.shape[1]:
         raise ValueError(f"expected rows [H, R, n_prompt + R] with n_prompt > 0, got {rows.shape}, {n_prompt}")
     n_resp = rows.shape[1]
-    on_context = rows[:, :, :n_prompt].mean(axis=2)
-    generated = np.tril(np.ones((n_resp, n_resp)))  # row r covers response tokens 0..r
-    on_new = np.einsum("hrk,rk->hr", rows[:, :, n_prompt:], generated) / np.arange(1, n_resp + 1)
-    total = on_context + on_new
-    return np.divide(on_context, total, out=np.full_like(total, 0.5), where=total > 0)
+    c = n_prompt - max(n_header, 1)
+    out = np.empty(rows.shape[:2])
+    for i in range(n_resp):
+        query = n_prompt - 1 + i
+        on_context = rows[:, i, :c].mean(axis=1) if c > 0 else np.zeros(rows.shape[0])
+        on_new = rows[:, i, c : query + 1].mean(axis=1)
+        total = on_context + on_new
+        out[:, i] = np.divide(on_context, total, out=np.full_like(total, 0.5), where=total > 0)
+    return out
 
 
 def window_starts(n_response: int, window: int, stride: int) -> np.ndarray:

@@ -4,9 +4,9 @@ OpenAI-compatible HTTP API, and benchmark the monitor."""
 from __future__ import annotations
 
 import json
-import sys
-import threading
 
+from halwatch.progress import note
+from halwatch.serve.common import add_server_options
 from halwatch.watchdog.monitor import EPSILON
 
 TARGET_HELP = "target agent's LLM: local:MODEL (default local:smollm2-135m) or http(s)://HOST:PORT/v1[#MODEL]"
@@ -72,10 +72,12 @@ def add_parser(sub) -> None:
     pf.add_argument("--last", type=int, default=30, help="final steps to show (default 30)")
     pf.add_argument("--out", help="write the plot (PNG) here")
 
-    ps = wsub.add_parser("serve-llm", help="serve a local model over an OpenAI-compatible chat API")
+    ps = wsub.add_parser("serve-llm", help="serve a local model over the OpenAI chat-completions API",
+                         description="A local model behind POST /v1/chat/completions (plain and streamed), "
+                                     "GET /v1/models, /health/live, /health/ready and /metrics; OpenAPI page at "
+                                     "/docs. SIGTERM drains the requests in flight, then stops.")
     ps.add_argument("--model", default="smollm2-135m", help="registry name or Hugging Face folder")
-    ps.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    ps.add_argument("--port", type=int, default=8000)
+    add_server_options(ps, port=8000)
     p.set_defaults(func=cmd_watch)
 
 
@@ -87,9 +89,9 @@ def cmd_watch(args) -> int:
     from halwatch.watchdog import run
 
     if args.watch_cmd == "explore":
-        from tqdm.auto import tqdm
+        from halwatch.progress import progress as progress_bar
 
-        bar = tqdm(total=args.max_queries, desc=f"explore {args.domain}", unit="query", disable=args.quiet)
+        bar = progress_bar(total=args.max_queries, desc=f"explore {args.domain}", unit="query")
 
         def progress(explorer, event):
             probs = explorer.policy_probabilities()
@@ -115,14 +117,13 @@ def cmd_watch(args) -> int:
     elif args.watch_cmd == "curve":
         print(json.dumps(run.curves(args.store, args.last, args.out), indent=1))
     elif args.watch_cmd == "serve-llm":
-        from halwatch.watchdog.clients import LocalClient
-        from halwatch.watchdog.llm_server import start_server
+        from halwatch.serve.common import api_key_from, check_bind, serve
+        from halwatch.serve.llm import build_app
 
-        server = start_server(LocalClient(args.model), args.host, args.port)
-        host, port = server.server_address[:2]
-        print(f"serving {args.model} at http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr)
-        try:
-            threading.Event().wait()
-        finally:
-            server.shutdown()
+        key = api_key_from(args.api_key_env)
+        check_bind(args.host, key, args.insecure)
+        app = build_app(args.model, api_key=key, queue_size=args.queue_size, timeout=args.timeout,
+                        max_body_bytes=args.max_body_bytes)
+        serve(app, args.host, args.port,
+              on_started=lambda h, p: note(f"serving {args.model} at http://{h}:{p}/v1 (Ctrl-C or SIGTERM stops)"))
     return 0

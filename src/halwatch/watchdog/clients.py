@@ -31,11 +31,9 @@ class EndpointError(HalwatchError):
 @dataclass
 class Completion:
     text: str
-    logprob: float = float("nan")  # sum of token log-probabilities (nan when the endpoint gives none)
-    n_tokens: int = 0  # tokens scored in ``logprob`` (a finished answer's end token included)
+    logprob: float = float("nan")  # sum of the answer tokens' log-probabilities (nan when the endpoint gives none)
+    n_tokens: int = 0  # answer tokens scored in ``logprob``
     top_first: dict = field(default_factory=dict)  # first token: {token text: log-probability} of the top choices
-    token_logprobs: list = field(default_factory=list)  # per token, when asked for
-    tokens: list = field(default_factory=list)  # the scored tokens' texts, when asked for ("" for an end token)
     finished: bool = True  # False when cut at max_tokens
 
     @property
@@ -43,14 +41,24 @@ class Completion:
         return self.logprob / self.n_tokens if self.n_tokens else float("nan")
 
 
+def yes_no_word(text: str) -> str:
+    """"yes" or "no" when ``text`` is that whole word (any case; surrounding whitespace and trailing punctuation
+    such as "." or "," aside), else "": "Yes." is yes, "Not", "None", "Nobody" and "Yesterday" are neither."""
+    word = text.strip().rstrip(".,;:!?").strip().lower()
+    return word if word in ("yes", "no") else ""
+
+
 def yes_probability(completion: Completion) -> float:
-    """P(yes) / (P(yes) + P(no)) from the first token's top log-probabilities; from the text when there are none."""
-    yes = sum(math.exp(lp) for t, lp in completion.top_first.items() if t.strip().lower().startswith("yes"))
-    no = sum(math.exp(lp) for t, lp in completion.top_first.items() if t.strip().lower().startswith("no"))
-    if yes + no > 0:
-        return yes / (yes + no)
-    head = completion.text.strip().lower()
-    return 1.0 if head.startswith("yes") else 0.0 if head.startswith("no") else 0.5
+    """P(yes) / (P(yes) + P(no)) from the first token's top log-probabilities, counting the choices that are the
+    word yes or no (as the white-box judge ``halwatch.models.sampling.yes_probability`` does); when none is, from
+    the text's first word: 1 for yes, 0 for no, 0.5 for neither."""
+    mass = {"yes": 0.0, "no": 0.0, "": 0.0}
+    for token, lp in completion.top_first.items():
+        mass[yes_no_word(token)] += math.exp(lp)
+    if mass["yes"] + mass["no"] > 0:
+        return mass["yes"] / (mass["yes"] + mass["no"])
+    head = completion.text.split(maxsplit=1)
+    return {"yes": 1.0, "no": 0.0}.get(yes_no_word(head[0]) if head else "", 0.5)
 
 
 class LocalClient:
@@ -67,36 +75,15 @@ class LocalClient:
 
     def complete(self, messages: list[dict], n: int = 1, temperature: float = 0.0, max_tokens: int = 64,
                  seed: int = 0, top_logprobs: int = 0) -> list[Completion]:
-        import torch
+        from halwatch.models.chat import complete_chat
 
-        from halwatch.models.sampling import answer_text, draw_tokens
-
-        if not messages or not any(str(m.get("content", "")).strip() for m in messages):
-            raise HalwatchError("empty chat: give at least one message with text")
-        tok, model = self.scoring_model.tokenizer, self.scoring_model.model
-        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        limit = getattr(model.config, "max_position_embeddings", 8192)
-        if len(ids) + max_tokens > limit:
-            raise HalwatchError(f"the chat has {len(ids)} tokens: with {max_tokens} new tokens it passes the model's "
-                                f"{limit} positions")
-        with self._lock, torch.inference_mode():
+        with self._lock:
             self.calls += 1
-            out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(n)
-            drawn = draw_tokens(model, tok, cache, out.logits[:, -1].float().repeat(n, 1), max_tokens, "chat",
-                                torch.Generator().manual_seed(seed), max(temperature, 1e-6), 1.0,
-                                greedy=temperature <= 0, top_logprobs=top_logprobs)
-        result = []
-        for b, toks in enumerate(drawn["tokens"]):
-            steps = drawn["top"][b] if top_logprobs else []
-            top = {tok.decode([t]): lp for t, lp in steps[0][1]} if steps else {}
-            scored = len(toks) + int(drawn["done"][b])  # chat mode: a finished answer also scored its end token
-            texts = [tok.decode([t]) for t in toks] + [""] * int(drawn["done"][b]) if steps else []
-            result.append(Completion(answer_text(tok, toks, "chat"), float(drawn["logprob"][b]), scored, top,
-                                     [lp for lp, _ in steps], texts, bool(drawn["done"][b])))
-        return result
+            result = complete_chat(self.scoring_model, messages, n=n, temperature=temperature,
+                                   max_tokens=max_tokens, seed=seed, top_logprobs=top_logprobs)
+        return [Completion(c.text.strip(), c.logprob, len(c.logprobs),
+                           dict(c.logprobs[0].top) if c.logprobs else {}, c.finish_reason == "stop")
+                for c in result.choices]
 
     async def chat(self, messages, n=1, temperature=0.0, max_tokens=64, seed=0, top_logprobs=0) -> list[Completion]:
         return await asyncio.to_thread(self.complete, messages, n, temperature, max_tokens, seed, top_logprobs)
@@ -165,7 +152,6 @@ class OpenAIClient:
                 top = {t["token"]: t["logprob"] for t in tokens[0].get("top_logprobs", [])} if tokens else {}
                 logprob = sum(t["logprob"] for t in tokens) if tokens else float("nan")
                 result.append(Completion(choice["message"]["content"] or "", logprob, len(tokens), top,
-                                         [t["logprob"] for t in tokens], [t.get("token", "") for t in tokens],
                                          choice.get("finish_reason") != "length"))
         except (KeyError, TypeError, IndexError):
             raise EndpointError(f"{self.base_url}: not an OpenAI chat completion reply: {str(data)[:200]}") from None

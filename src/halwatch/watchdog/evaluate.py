@@ -5,7 +5,8 @@
 - ``faithfulness`` (no reference): fewer than half of the answer's content words occur in the retrieved context; an
   answer that declines ("the context does not mention ...") is not a hallucination;
 - ``judge`` (no reference, a judge LLM given): the judge says the answer is not supported by the context
-  (P(yes) < 0.5 on its first token).
+  (P(yes) < 0.5 on its first token, counting the choices that are the word yes or no); a judge that says neither
+  word gives 0.5 and does not flag the answer.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ STOPWORDS = set("a an the of in on at to for by with from and or but is are was 
                 "we you i not no do does did has have had can could would should will may might also into about "
                 "over such so".split())
 DECLINE = re.compile(r"(does not|doesn't|do not|did not) (mention|contain|provide|say|state|specify|include)|"
-                     r"no (information|mention)|not (mentioned|specified|provided|stated)|cannot (be )?(answer|determine)"
-                     r"|unable to (answer|determine)")
+                     r"no (information|mention)|not (mentioned|specified|provided|stated)"
+                     r"|cannot (be )?(answer|determine)|unable to (answer|determine)")
 JUDGE = ("Context:\n{context}\n\nQuestion: {question}\nAnswer: {answer}\n\nIs the answer fully supported by the "
          "context? Answer yes or no.")
 

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from halwatch.errors import HalwatchError
-from halwatch.watchdog import monitor, policy as pol
+from halwatch.watchdog import monitor
+from halwatch.watchdog import policy as pol
 from halwatch.watchdog.embed import embed
 from halwatch.watchdog.entropy import semantic_entropy
 
@@ -184,7 +185,8 @@ class Explorer:
         query, references, transform, probs, parent = await self._new_query(self.tails.get(path), rng)
         sample_seed = int(rng.integers(1 << 30))
         (context, greedy), (_, samples) = await asyncio.gather(
-            self.agent.answer(query), self.agent.answer(query, n=c.k, temperature=c.sample_temperature, seed=sample_seed))
+            self.agent.answer(query),
+            self.agent.answer(query, n=c.k, temperature=c.sample_temperature, seed=sample_seed))
         answer = greedy[0].text
         label = await self.evaluator.label(query, answer, context, references)
         sample_labels = [await self.evaluator.label(query, s.text, context, references) for s in samples]
@@ -197,7 +199,8 @@ class Explorer:
         if parent is not None:
             reward = pol.reward(not any(lb.hallucinated for lb in sample_labels), parent["entropy"], entropy,
                                 parent["reward"] if parent["reward"] is not None else 1.0)
-        event = {"path": path, "depth": parent["depth"] + 1 if parent else 0, "parent": parent["id"] if parent else None,
+        event = {"path": path, "depth": parent["depth"] + 1 if parent else 0,
+                 "parent": parent["id"] if parent else None,
                  "query": query, "transform": transform, "hallucinated": int(label.hallucinated), "entropy": entropy,
                  "reward": reward, "state": s, "method": label.method, "answer": answer,
                  "probabilities": None if probs is None else [round(float(p), 4) for p in probs]}
@@ -254,7 +257,8 @@ class Explorer:
         last = self.policy_probabilities()
         return {"domain": self.agent.domain.title, "policy": self.config.policy, "evaluated": len(self.events),
                 "new": new, "boundary_points": self.store.count(), "gamma": round(self.gamma, 4),
-                "stopped": ("gamma" if self.gamma >= self.config.gamma_stop and len(self.events) >= self.config.min_queries
+                "stopped": ("gamma" if self.gamma >= self.config.gamma_stop
+                            and len(self.events) >= self.config.min_queries
                             else "max_queries" if len(self.events) >= self.config.max_queries else "running"),
                 "last_probabilities": dict(zip(pol.TRANSFORMS, last)) if last else None,
                 "llm_calls": calls or {}, "minutes": round(seconds / 60, 2),

@@ -18,7 +18,8 @@ from halwatch.watchdog import monitor
 from halwatch.watchdog.agent import Domain, TargetAgent
 from halwatch.watchdog.clients import open_client, yes_probability
 from halwatch.watchdog.evaluate import Evaluator, gqa_label
-from halwatch.watchdog.explore import ExploreConfig, Explorer, check as check_query, seed_questions
+from halwatch.watchdog.explore import ExploreConfig, Explorer, seed_questions
+from halwatch.watchdog.explore import check as check_query
 from halwatch.watchdog.store import open_store
 
 
@@ -153,11 +154,11 @@ def _metrics(labels, scores, own_decision: bool = False) -> dict:
 
 
 def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: str | None = None, n_test: int = 40,
-          k: int | None = None, epsilon: float = monitor.EPSILON, temperature: float | None = None, seed: int = 0, out=None,
-          client_options: dict | None = None, progress: bool = True) -> dict:
+          k: int | None = None, epsilon: float = monitor.EPSILON, temperature: float | None = None, seed: int = 0,
+          out=None, client_options: dict | None = None, progress: bool = True) -> dict:
     """Monitor vs baselines on ``n_test`` held-out questions of ``domain`` (the shuffle after the seed pool),
     labelled by the GQA rule on the agent's greedy answer."""
-    from tqdm.auto import tqdm
+    from halwatch.progress import progress as progress_bar
 
     async def main():
         async with _session(store, client_options) as (db, clients):
@@ -169,7 +170,8 @@ def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: st
             seeds, rest = seed_questions(agent.domain, meta.get("n_seeds", 10), meta.get("seed", seed))
             demos = _icl_demos(agent.domain, seeds)
             rows = []
-            for i, q in enumerate(tqdm(rest[:n_test], desc="watch bench", unit="question", disable=not progress)):
+            questions = progress_bar(rest[:n_test], desc="watch bench", unit="question", disable=not progress)
+            for i, q in enumerate(questions):
                 rows.append(await _score_question(q, agent, clients.get(judge or target), db, demos, k_, epsilon,
                                                   t_, seed + i))
             return rows, meta
@@ -216,7 +218,8 @@ def curves(stores, last: int = 30, out=None) -> dict:
                         "slope": round(float(np.polyfit(np.arange(len(h)), h, 1)[0]), 5),
                         "volatility": round(float(np.abs(steps).mean()), 4),
                         "non_decreasing": round(float((steps >= 0).mean()), 3),
-                        "by_depth": {d: {"mean": round(float(np.mean(v)), 4), "n": len(v)} for d, v in by_depth.items()}}
+                        "by_depth": {d: {"mean": round(float(np.mean(v)), 4), "n": len(v)}
+                                     for d, v in by_depth.items()}}
     if out:
         from halwatch.eval.report import plot_lines
 

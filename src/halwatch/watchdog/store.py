@@ -259,3 +259,17 @@ def open_store(uri: str) -> Store:
             raise StoreError(f"cannot start PostgreSQL in {folder}: {exc}") from None
         return PgStore(server.get_uri(), server=server)
     raise StoreError(f"unknown store {uri!r}: use sqlite:PATH, PATH.db, postgresql://... or pgserver:DIR")
+
+
+def stop_pgserver(folder) -> bool:
+    """Stop the PostgreSQL server of a ``pgserver:DIR`` store, whoever started it (a process that was killed leaves
+    it running: pgserver stops a server when its last opener exits cleanly). True when one was running."""
+    import os
+
+    from pgserver.postgres_server import pg_ctl
+
+    data = Path(folder).resolve()
+    if not (data / "postmaster.pid").exists():
+        return False
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user="pgserver" if os.geteuid() == 0 else None)
+    return True

@@ -1,0 +1,342 @@
+"""``halwatch serve``: the scoring service.
+
+- ``POST /v1/score``: one item (a JSON object) or a list of items; each has ``response`` and either ``prompt``, or
+  ``context`` (or ``contexts``, joined by blank lines) with ``question``; optional ``id`` and ``detector``. Each
+  result has ``score`` (probability of hallucination), ``hallucinated``, the ``threshold`` used, ``spans``
+  (character offsets into the response, ``offset_unit`` code points, with the text), the detector, scoring model and
+  input mode, and ``truncated``: how many context tokens were cut to fit the token cap. A response that does not fit
+  the scoring model is refused (422), never cut.
+- ``GET /v1/detectors``: what is loaded, with what each was fitted on.
+- ``POST /v1/watch/check``: HalMit's monitor (Algorithm 1) for a query, against the configured store.
+- ``POST /v1/chat/completions`` with ``--upstream``: the guard proxy (:mod:`halwatch.serve.guard`).
+- ``GET /``: a web page to try it.
+
+Scoring goes through one worker: requests wait in a bounded queue (429 beyond it); the batcher takes as many queued
+answers as fit a batch (``batch_size`` answers, ``batch_tokens`` padded tokens) or arrive within ``batch_wait``
+seconds, and scores them with one padded forward pass per scoring model off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from fastapi import Body, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from halwatch.errors import HalwatchError, InputError
+from halwatch.serve.common import ApiError, ServerState, Worker, create_app
+
+OFFSET_UNIT = "unicode_code_point"
+
+
+class ScoreItem(BaseModel):
+    """One answer to score."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | int | None = None
+    context: str | None = None
+    contexts: list[str] | None = Field(None, min_length=1)
+    question: str | None = None
+    prompt: str | None = None
+    response: str
+    detector: str | None = None
+
+    def sample(self, index: int):
+        from halwatch.sample import Sample
+
+        if self.context is not None and self.contexts is not None:
+            raise InputError("give context or contexts, not both")
+        context = "\n\n".join(self.contexts) if self.contexts is not None else self.context
+        if not self.prompt and (context is None or self.question is None):
+            raise InputError("give prompt, or context (or contexts) and question")
+        return Sample(response=self.response, prompt=self.prompt or "", context=context, question=self.question,
+                      id=str(self.id) if self.id is not None else str(index))
+
+
+EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
+           "question": "Which cells produce insulin?",
+           "response": "Insulin is produced by red blood cells in the bone marrow."}
+
+
+class Span(BaseModel):
+    start: int
+    end: int
+    text: str
+    confidence: float
+
+
+class ScoreResult(BaseModel):
+    id: str
+    score: float
+    hallucinated: bool
+    threshold: float
+    spans: list[Span]
+    offset_unit: str
+    detector: str
+    scoring_model: str
+    input_mode: str
+    truncated: int
+
+
+def parse_items(body) -> list[ScoreItem]:
+    """The items of a /v1/score body (an object or a list of objects), or a 422 naming the item and field."""
+    from pydantic import ValidationError
+
+    many = isinstance(body, list)
+    raw = body if many else [body]
+    if not raw:
+        raise ApiError(422, "an empty list: give at least one item", "no_items")
+    items = []
+    for i, item in enumerate(raw):
+        try:
+            items.append(ScoreItem.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            name = f"item {i}" if many else "the item"
+            param = f"[{i}].{where}" if many else where
+            raise ApiError(422, f"{name}: {where or 'body'}: {first['msg']}", "invalid_item", param) from None
+    return items
+
+
+@dataclass
+class _Job:
+    """One answer waiting for the batcher."""
+
+    detector: object
+    view: object
+    future: asyncio.Future
+    tokens: int = 0
+
+
+@dataclass
+class Limits:
+    max_items: int = 64
+    batch_size: int = 8
+    batch_tokens: int = 8192
+    batch_wait: float = 0.005
+    queue_size: int = 256
+    timeout: float = 120.0
+
+
+class ScoringService:
+    """Loaded detectors (by name) and the batching worker that scores their answers."""
+
+    def __init__(self, detectors: list[str], limits: Limits | None = None, watch: dict | None = None,
+                 models: dict | None = None):
+        self.names = list(detectors)
+        self.models = models or {}  # already loaded scoring models, by name
+        self.limits = limits or Limits()
+        self.detectors: dict[str, object] = {}
+        self.worker = Worker(self.limits.queue_size)
+        self.queue: asyncio.Queue | None = None
+        self.watch = watch
+        self.batch_sizes: list[int] = []
+        self.on_batch = None
+
+    @property
+    def default(self) -> str:
+        return self.names[0]
+
+    def load(self) -> None:
+        """Load every detector, sharing one scorer (and model) among detectors of the same scoring model, input
+        mode and token cap; scorers cache nothing on disk."""
+        from halwatch.detectors import DETECTORS, read_artifact
+        from halwatch.scorer import Scorer
+
+        scorers = {}
+        for name in self.names:
+            artifact = read_artifact(name)
+            key = (artifact.get("scoring_model"), artifact.get("input_mode"), artifact.get("max_tokens"))
+            if key not in scorers:
+                scorers[key] = Scorer.from_options(model=self.models.get(key[0]), identity=artifact, cache=None,
+                                                   batch_size=self.limits.batch_size)
+            self.detectors[name] = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorers[key])
+            self.detectors[name]._scorer().model  # load the model now, not on the first request
+
+    def describe(self) -> list[dict]:
+        out = []
+        for name, det in self.detectors.items():
+            out.append({"name": name, "method": det.name, "citation": det.citation, "default": name == self.default,
+                        "threshold": det.threshold, **det.identity, "fitted_on": det.fitted_on,
+                        "settings": det.settings})
+        return out
+
+    def prepare(self, items: list[ScoreItem]) -> list[tuple[object, object]]:
+        """``(detector, token view)`` of every item, or the refusal of the whole request naming the item."""
+        if len(items) > self.limits.max_items:
+            raise ApiError(413, f"{len(items)} items in one request: the limit is {self.limits.max_items}",
+                           "too_many_items")
+        prepared = []
+        for i, item in enumerate(items):
+            name = item.detector or self.default
+            if name not in self.detectors:
+                raise ApiError(422, f"item {i}: detector {name!r} is not loaded here (loaded: "
+                                    f"{', '.join(self.detectors)})", "unknown_detector", f"[{i}].detector")
+            detector = self.detectors[name]
+            try:
+                view = detector._scorer().encode(item.sample(i))
+            except InputError as exc:
+                raise ApiError(422, f"item {i}: {exc.problem}", "invalid_item", f"[{i}]") from None
+            prepared.append((detector, view))
+        return prepared
+
+    async def score(self, items: list[ScoreItem]) -> list[dict]:
+        prepared = self.prepare(items)
+        self.worker.admit(len(prepared))
+        loop = asyncio.get_running_loop()
+        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids)) for det, view in prepared]
+        for job in jobs:
+            job.future.add_done_callback(lambda _: self.worker.release())
+            self.queue.put_nowait(job)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), self.limits.timeout)
+        except asyncio.TimeoutError:
+            for job in jobs:
+                job.future.cancel()
+            raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
+
+    async def batcher(self) -> None:
+        """Take queued answers into batches and score each batch on the model thread, until cancelled."""
+        loop = asyncio.get_running_loop()
+        carry = None
+        while True:
+            first = carry or await self.queue.get()
+            carry = None
+            batch, deadline = [first], loop.time() + self.limits.batch_wait
+            while len(batch) < self.limits.batch_size:
+                try:
+                    job = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    try:
+                        job = await asyncio.wait_for(self.queue.get(), left)
+                    except asyncio.TimeoutError:
+                        break
+                longest = max(j.tokens for j in batch + [job])
+                if longest * (len(batch) + 1) > self.limits.batch_tokens:
+                    carry = job
+                    break
+                batch.append(job)
+            batch = [j for j in batch if not j.future.done()]  # timed out while waiting
+            if not batch:
+                continue
+            try:
+                results = await self.worker.run(self.compute, batch)
+            except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            for job, result in zip(batch, results):
+                if not job.future.done():
+                    job.future.set_result(result)
+
+    def compute(self, batch: list[_Job]) -> list[dict]:
+        """One batch on the model thread: one padded forward pass per scorer, asking for the merged signals of
+        the detectors that share it; then each answer's verdict from its own detector."""
+        self.batch_sizes.append(len(batch))
+        if self.on_batch is not None:
+            self.on_batch(len(batch))
+        results: list[dict | None] = [None] * len(batch)
+        by_scorer: dict[int, list[int]] = {}
+        for i, job in enumerate(batch):
+            by_scorer.setdefault(id(job.detector._scorer()), []).append(i)
+        for indices in by_scorer.values():
+            scorer = batch[indices[0]].detector._scorer()
+            request = batch[indices[0]].detector.request()
+            for i in indices[1:]:
+                request = request.merge(batch[i].detector.request())
+            views = [batch[i].view for i in indices]
+            signals = scorer.signals([v.sample for v in views], request, views=views)
+            for i, sig in zip(indices, signals):
+                results[i] = batch[i].detector.verdicts([batch[i].view], [sig])[0] | {"offset_unit": OFFSET_UNIT}
+        return results
+
+    def check(self, query: str) -> dict:
+        from halwatch.watchdog.run import check
+
+        if not self.watch:
+            raise ApiError(404, "no HalMit store is configured here (halwatch serve --watch-store STORE)",
+                           "no_watch_store")
+        return check(query, self.watch["store"], self.watch.get("target", "local:smollm2-135m"))
+
+
+class WatchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(min_length=1, max_length=4000)
+
+
+def build_app(detectors: list[str], api_key: str | None = None, limits: Limits | None = None,
+              max_body_bytes: int = 4 << 20, upstream: str | None = None, upstream_key: str | None = None,
+              watch: dict | None = None, models: dict | None = None):
+    """The service app, loading ``detectors`` (shipped names or artifact files; the first is the default) at
+    start-up; ready once they are loaded. ``upstream``: an OpenAI-compatible base URL for the guard proxy.
+    ``models``: scoring models already loaded in this process, by name, to use instead of loading them again."""
+    from contextlib import asynccontextmanager
+
+    from prometheus_client import Gauge, Histogram
+
+    service = ScoringService(detectors, limits, watch, models)
+    state = ServerState(name="halwatch serve")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await asyncio.to_thread(service.load)
+        service.queue = asyncio.Queue()
+        task = asyncio.create_task(service.batcher())
+        guard = None
+        if upstream:
+            from halwatch.serve.guard import Guard
+
+            guard = app.state.guard = Guard(upstream, upstream_key, service)
+        state.ready = True
+        yield
+        state.ready = False
+        task.cancel()
+        if guard is not None:
+            await guard.aclose()
+        service.worker.close()
+
+    app = create_app(state, api_key=api_key, max_body_bytes=max_body_bytes, lifespan=lifespan,
+                     title="halwatch serve", summary="Is an answer supported by its context, and which words are not")
+    batch_sizes = Histogram("halwatch_batch_size", "Answers per forward batch", registry=state.registry,
+                            buckets=(1, 2, 4, 8, 16, 32, 64))
+    service.on_batch = batch_sizes.observe
+    Gauge("halwatch_queue_depth", "Answers queued or being scored", registry=state.registry
+          ).set_function(lambda: service.worker.waiting)
+
+    @app.post("/v1/score", response_model=ScoreResult | list[ScoreResult])
+    async def score(body: dict | list = Body(..., examples=[EXAMPLE])):
+        """Score one item (an object: a result comes back) or a list of items (a list of results, in order)."""
+        results = await service.score(parse_items(body))
+        return results if isinstance(body, list) else results[0]
+
+    @app.get("/v1/detectors")
+    async def detectors_route():
+        return {"default": service.default, "detectors": service.describe()}
+
+    @app.post("/v1/watch/check")
+    async def watch_check(body: WatchQuery):
+        try:
+            return await asyncio.to_thread(service.check, body.query)
+        except HalwatchError as exc:
+            raise ApiError(400, str(exc), "watch_error") from None
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        guard = getattr(app.state, "guard", None)
+        if guard is None:
+            raise ApiError(404, "no upstream LLM is configured here (halwatch serve --upstream URL)", "no_upstream")
+        return await guard.handle(request)
+
+    from halwatch.serve.page import add_page
+
+    add_page(app)
+    app.state.service = service
+    app.state.started_at = time.time()
+    return app

@@ -1,0 +1,303 @@
+"""``halwatch serve``: real uvicorn servers on loopback ports with the real default model and shipped detectors,
+driven over HTTP (httpx, the halwatch clients, the official openai client through the guard proxy, and headless
+Chromium for the page)."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+
+from halwatch.client import AsyncClient, BadRequest, Busy, Client, TooLarge, Unauthorized
+from halwatch.data.jsonl import write_jsonl
+from halwatch.serve.common import Running
+from halwatch.serve.scoring import Limits, build_app
+
+INSULIN = {"context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
+           "question": "Which cells produce insulin?"}
+
+
+@pytest.fixture(scope="module")
+def items(probe):
+    """Real RAGTruth answers (short ones) as service items, and the bundled demo examples."""
+    demo = [json.loads(line) for line in open("src/halwatch/examples/demo.jsonl", encoding="utf-8")]
+    real = [{"id": s.id, "prompt": s.prompt, "response": s.response}
+            for s in sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:6]]
+    return real + [{k: d[k] for k in ("id", "context", "question", "response")} for d in demo]
+
+
+@pytest.fixture(scope="module")
+def service(smol):
+    running = Running(build_app(["default", "lookback-lens"], models={"smollm2-135m": smol},
+                                limits=Limits(batch_size=8, batch_wait=0.05, max_items=16)))
+    yield running
+    running.stop()
+
+
+def test_single_and_batched_scores_equal_the_command(service, items, tmp_path):
+    """A list scored in one request, the same answers one request each, sent together (the batcher puts them in
+    shared forward passes), and `halwatch score` on the same file agree to 1e-4."""
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, items)
+    out = tmp_path / "out.jsonl"
+    subprocess.run([sys.executable, "-m", "halwatch", "score", "--input", str(path), "--output", str(out),
+                    "--no-cache"], check=True, capture_output=True)
+    command = [json.loads(line) for line in out.read_text().splitlines()]
+    with Client(service.url) as client:
+        listed = client.score(items)
+        results = [None] * len(items)
+
+        def one(i):
+            results[i] = client.score(**items[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    metrics = httpx.get(service.url + "/metrics").text
+    batched = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("halwatch_batch_size_bucket") and 'le="1.0"' in line)
+    assert batched < float(next(line.split()[-1] for line in metrics.splitlines()
+                                if line.startswith("halwatch_batch_size_count")))  # some batches held several
+    for expected, a, b in zip(command, listed, results):
+        for got in (a, b):
+            assert got["id"] == expected["id"] and got["hallucinated"] == expected["hallucinated"]
+            assert got["score"] == pytest.approx(expected["score"], abs=1e-4)
+            assert [(s["start"], s["end"], s["text"]) for s in got["spans"]] == [
+                (s["start"], s["end"], s["text"]) for s in expected["spans"]]
+            assert got["offset_unit"] == "unicode_code_point" and got["truncated"] == 0
+    by_lens = Client(service.url).score(**items[-1], detector="lookback-lens")
+    assert by_lens["detector"] == "lookback-lens"
+    response = items[-1]["response"]
+    assert all(response[s["start"]:s["end"]] == s["text"] for s in by_lens["spans"])
+    listing = httpx.get(service.url + "/v1/detectors").json()
+    assert listing["default"] == "default"
+    assert {d["name"] for d in listing["detectors"]} == {"default", "lookback-lens"}
+    assert all("RAGTruth" in d["fitted_on"]["data"] for d in listing["detectors"])
+
+
+def test_a_long_context_is_cut_and_says_so(service, probe):
+    long_one = max(probe, key=lambda s: len(s.prompt))
+    text = long_one.prompt[long_one.context_span[0]:long_one.context_span[1]]
+    got = Client(service.url).score(context=text * 6, question="What is this about?", response=long_one.response)
+    assert got["truncated"] > 0  # context tokens cut to fit the 1024-token cap; the response never is
+
+
+@pytest.mark.parametrize("body,status,words", [
+    ({**INSULIN, "response": ""}, 422, "empty response"),
+    ({**INSULIN, "response": "   "}, 422, "empty response"),
+    (INSULIN, 422, "response"),
+    ({**INSULIN, "response": 42}, 422, "valid string"),
+    ({"question": "q", "response": "r"}, 422, "give prompt, or context"),
+    ({**INSULIN, "contexts": ["a"], "response": "r"}, 422, "not both"),
+    ({**INSULIN, "response": "r", "detector": "nope"}, 422, "not loaded"),
+    ({**INSULIN, "response": "r", "colour": "blue"}, 422, "colour"),
+    ([], 422, "empty list"),
+    ("just text", 422, "valid dictionary"),
+    ([{**INSULIN, "response": "r"}] * 17, 413, "limit is 16"),
+    ({**INSULIN, "response": "word " * 1100}, 422, "over the cap"),
+])
+def test_bad_input_is_refused_with_a_clear_message(service, body, status, words):
+    reply = httpx.post(service.url + "/v1/score", json=body, timeout=60)
+    assert reply.status_code == status, reply.text
+    assert words in reply.json()["error"]["message"]
+
+
+def test_malformed_bodies_and_the_server_stays_healthy(service):
+    url = service.url + "/v1/score"
+    headers = {"content-type": "application/json"}
+    assert httpx.post(url, content=b"{oops", headers=headers).status_code == 400
+    assert httpx.post(url, content=b'{"response": "\xff\xfe"}', headers=headers).status_code == 400
+    big = httpx.post(url, content=b" " * (5 << 20), headers=headers)
+    assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
+    assert httpx.get(service.url + "/health/ready").status_code == 200
+    assert Client(service.url).score(**INSULIN, response="Beta cells.")["score"] > 0
+
+
+def test_clients_raise_typed_errors(service):
+    with Client(service.url) as client:
+        with pytest.raises(BadRequest, match="empty response"):
+            client.score(**INSULIN, response=" ")
+        with pytest.raises(TooLarge, match="limit is 16"):
+            client.score([{**INSULIN, "response": "r"}] * 20)
+
+    async def go():
+        async with AsyncClient(service.url) as client:
+            assert await client.ready()
+            return await client.score(**INSULIN, response="Beta cells make it."), await client.detectors()
+
+    result, listing = asyncio.run(go())
+    assert 0 < result["score"] < 1 and listing["default"] == "default"
+
+
+def test_api_key_on_and_off(smol):
+    running = Running(build_app(["default"], api_key="k-123", models={"smollm2-135m": smol}))
+    try:
+        with pytest.raises(Unauthorized):
+            Client(running.url, api_key="wrong").score(**INSULIN, response="Beta cells.")
+        assert Client(running.url, api_key="k-123").score(**INSULIN, response="Beta cells.")["score"] > 0
+        assert httpx.post(running.url + "/v1/score", json={**INSULIN, "response": "Beta cells."},
+                          headers={"X-API-Key": "k-123"}).status_code == 200
+        assert httpx.get(running.url + "/health/ready").status_code == 200  # probes need no key
+        assert httpx.get(running.url + "/v1/detectors").status_code == 401
+    finally:
+        running.stop()
+
+
+def test_a_full_queue_answers_429_with_retry_after(smol):
+    running = Running(build_app(["default"], models={"smollm2-135m": smol},
+                                limits=Limits(queue_size=2, batch_size=1, batch_wait=0.0)))
+    try:
+        body = {**INSULIN, "response": "Insulin is produced by the beta cells of the pancreatic islets. " * 8}
+
+        async def flood():
+            async with httpx.AsyncClient(timeout=120) as http:
+                return await asyncio.gather(*(http.post(running.url + "/v1/score", json=body) for _ in range(12)))
+
+        replies = asyncio.run(flood())
+        statuses = sorted(r.status_code for r in replies)
+        assert 429 in statuses and 200 in statuses and set(statuses) <= {200, 429}
+        busy = next(r for r in replies if r.status_code == 429)
+        assert busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]["message"]
+        with pytest.raises(Busy) as err:
+            from halwatch.client import _raise_for
+
+            _raise_for(busy)
+        assert err.value.retry_after == 1
+        assert httpx.get(running.url + "/health/ready").status_code == 200
+    finally:
+        running.stop()
+
+
+def test_fifty_clients_ten_requests_each(service):
+    """A load test: 50 concurrent clients x 10 requests (short ones: the server is under test here, not the
+    model), every one answered, no 5xx, the server alive after."""
+    async def client(k):
+        async with httpx.AsyncClient(timeout=300) as http:
+            return [await http.post(service.url + "/v1/score", json={
+                "id": f"{k}-{j}", "prompt": f"Which city is the capital of country number {k}?",
+                "response": ["Paris.", "It is Rome.", "Berlin, I think."][(k + j) % 3]}) for j in range(10)]
+
+    async def everyone():
+        return await asyncio.gather(*(client(k) for k in range(50)))
+
+    replies = [r for per_client in asyncio.run(everyone()) for r in per_client]
+    assert len(replies) == 500 and {r.status_code for r in replies} == {200}
+    assert httpx.get(service.url + "/health/ready").status_code == 200
+
+
+def test_sigterm_drains_a_request_in_flight():
+    proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0"], stderr=subprocess.PIPE,
+                            text=True, env={**os.environ})
+    try:
+        lines = []
+        while not lines or "halwatch serve at" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+            assert lines[-1], "".join(lines)
+        base = lines[-1].split(" at ", 1)[1].split()[0]
+        items = [{**INSULIN, "id": str(i), "response": "Insulin comes from the beta cells. " * (4 + i)}
+                 for i in range(16)]
+        result = {}
+
+        def ask():
+            result["reply"] = httpx.post(base + "/v1/score", json=items, timeout=120)
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        asker.join(120)
+        assert result["reply"].status_code == 200 and len(result["reply"].json()) == 16
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def guarded(smol):
+    from halwatch.serve.llm import build_app as llm_app
+
+    upstream = Running(llm_app(smol))
+    guard = Running(build_app(["default"], models={"smollm2-135m": smol}, upstream=upstream.url + "/v1"))
+    yield guard
+    guard.stop()
+    upstream.stop()
+
+
+def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
+    import openai
+
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": INSULIN["context"]}, {"role": "user", "content": INSULIN["question"]}]
+    plain = client.chat.completions.create(model="smollm2-135m", messages=messages, temperature=0, max_tokens=24)
+    answer = plain.choices[0].message.content
+    verdict = plain.model_extra["halwatch"]
+    assert answer and verdict["context_from"] == "system" and verdict["detector"] == "toha"
+    direct = Client(guarded.url).score(**INSULIN, response=answer)
+    assert verdict["score"] == pytest.approx(direct["score"], abs=1e-4)
+    assert verdict["hallucinated"] == direct["hallucinated"] and verdict["spans"] == direct["spans"]
+
+    # the context as a field of the request, which the upstream never sees
+    named = httpx.post(guarded.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": INSULIN["question"]}], "halwatch_context": INSULIN["context"],
+        "temperature": 0, "max_tokens": 24}).json()
+    assert named["halwatch"]["context_from"] == "halwatch_context" and 0 < named["halwatch"]["score"] < 1
+
+    with httpx.stream("POST", guarded.url + "/v1/chat/completions", timeout=120, json={
+            "messages": messages, "temperature": 0, "max_tokens": 24, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c.get("choices"))
+    assert text == answer  # the upstream's chunks came through
+    assert lines[-1] == "data: [DONE]" and events[-1]["object"] == "halwatch.verdict"
+    assert events[-1]["halwatch"]["score"] == pytest.approx(verdict["score"], abs=1e-4)
+
+    bad = httpx.post(guarded.url + "/v1/chat/completions", json={"messages": []})
+    assert bad.status_code == 400
+    upstream_refusal = httpx.post(guarded.url + "/v1/chat/completions",
+                                  json={"messages": messages, "model": "another-model"})
+    assert upstream_refusal.status_code == 404 and "does not exist" in upstream_refusal.text
+
+
+def test_the_page_in_headless_chromium(service, tmp_path):
+    """The web page as a user sees it: type an example, submit, and the answer comes back with the unsupported
+    words highlighted as the API flags them."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    chromium = "/usr/bin/chromium"
+    assert os.path.exists(chromium), "Debian's chromium package is needed (make test installs it)"
+    answer = "Insulin is produced by the beta cells of the pancreas. It was discovered in 1921 by Banting in Paris."
+    expected = Client(service.url).score(**INSULIN, response=answer, detector="lookback-lens")
+    assert expected["spans"], "the example should have a flagged span"
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.goto(service.url + "/")
+            page.wait_for_selector("#detector option[value='lookback-lens']", state="attached")
+            page.fill("#context", INSULIN["context"])
+            page.fill("#question", INSULIN["question"])
+            page.fill("#answer", answer)
+            page.select_option("#detector", "lookback-lens")
+            page.click("#check")
+            page.wait_for_selector(".result")
+            marks = page.locator(".result mark")
+            assert [marks.nth(i).inner_text() for i in range(marks.count())] == [s["text"] for s in expected["spans"]]
+            assert marks.first.get_attribute("title").startswith("confidence ")
+            verdict = page.inner_text(".result .verdict")
+            assert verdict == ("Hallucinated" if expected["hallucinated"] else "Supported")
+            assert f"{expected['score']:.4f}" in page.inner_text(".result .score")
+            page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "page.png").stat().st_size > 10_000
