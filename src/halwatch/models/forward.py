@@ -25,6 +25,8 @@ from halwatch.signals.reducers import REDUCERS, Rows
 from halwatch.tokens import TokenView
 
 ATTN_IMPLEMENTATION = "halwatch"
+#: Bytes of partial reducer results (e.g. MTop-Div's distances) held before they are finished together.
+PARTIAL_BUDGET = 96 << 20
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("halwatch_capture", default=None)
 
 
@@ -198,7 +200,8 @@ class _Capture:
         self.views = views
         self.lengths = [len(v.input_ids) for v in views]
         self.rows: list[dict] = [{} for _ in views]
-        self.reduced: list[dict[int, dict]] = [{} for _ in views]
+        self.reduced: list[dict[str, list]] = [{} for _ in views]  # per reducer: outputs of layers, in order
+        self.partial: list[dict[str, list]] = [{} for _ in views]  # per reducer with ``finish``: waiting partials
 
     def first_row(self, b: int) -> int:
         """Rows begin at the last prompt token (the query that generates the first response token), or at 0."""
@@ -228,21 +231,34 @@ class _Capture:
             if self.request.keep_attention:
                 kept = probs if self.request.attention_from == "all" else rows.response()
                 self.rows[b][layer] = kept.cpu().numpy()
-            if self.request.reducers:
-                self.reduced[b][layer] = reducer_lib.reduce(self.request.reducers, rows)
+            for name in self.request.reducers:
+                spec, out = REDUCERS[name], REDUCERS[name].fn(rows)
+                if spec.finish is None:
+                    self.reduced[b].setdefault(name, []).append(out)
+                    continue
+                waiting = self.partial[b].setdefault(name, [])
+                waiting.append(out)
+                if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > PARTIAL_BUDGET:
+                    self._finish(b, name)
+
+    def _finish(self, b: int, name: str) -> None:
+        waiting = self.partial[b].pop(name, [])
+        if waiting:
+            self.reduced[b].setdefault(name, []).append(REDUCERS[name].finish(waiting))
 
     def assemble(self, b: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
         import torch
 
-        layers = sorted(self.by_layer)
+        layers = sorted(self.by_layer)  # the model runs its layers in order, so outputs are in this order
         attention = None
         if self.request.keep_attention:
             attention = np.concatenate([self.rows[b][layer] for layer in layers], axis=0)
         reduced = {}
-        if self.request.reducers:
-            names = self.reduced[b][layers[0]].keys()
-            reduced = {n: torch.cat([self.reduced[b][layer][n] for layer in layers]).float().cpu().numpy()
-                       for n in names}
+        for name in self.request.reducers:
+            self._finish(b, name)
+            outputs = self.reduced[b][name]
+            reduced.update({f"{name}.{k}": torch.cat([o[k] for o in outputs]).float().cpu().numpy()
+                            for k in outputs[0]})
         return attention, reduced
 
 

@@ -54,28 +54,26 @@ class Rows:
 
 @dataclass(frozen=True)
 class Reducer:
+    """``fn(rows) -> {field: tensor [H, ...]}``. A reducer with ``finish`` is split in two: ``fn`` returns a partial
+    result per layer (cheap, e.g. distances), and ``finish([partials of consecutive layers])`` turns several
+    layers' partials into their fields at once (the forward pass batches them up to a memory budget), for work whose
+    cost is in its number of steps rather than their size (Prim's algorithm)."""
+
     fn: Callable
     version: int
     needs_all_rows: bool = False
+    finish: Callable | None = None
 
 
 REDUCERS: dict[str, Reducer] = {}
 
 
-def reducer(name: str, version: int, needs_all_rows: bool = False):
+def reducer(name: str, version: int, needs_all_rows: bool = False, finish: Callable | None = None):
     def wrap(fn):
-        REDUCERS[name] = Reducer(fn, version, needs_all_rows)
+        REDUCERS[name] = Reducer(fn, version, needs_all_rows, finish)
         return fn
 
     return wrap
-
-
-def reduce(names, rows: Rows) -> dict:
-    """``{"name.field": tensor [H, ...]}`` of every reducer in ``names``."""
-    out = {}
-    for name in names:
-        out.update({f"{name}.{k}": v for k, v in REDUCERS[name].fn(rows).items()})
-    return out
 
 
 def versions(names) -> dict[str, int]:
@@ -149,19 +147,26 @@ def _distance(w):
     return 1.0 - w.clamp(0.0, 1.0)
 
 
-@reducer("mtopdiv", version=1)
+def _mtopdiv_finish(partials: list[dict]) -> dict:
+    """Prim's algorithm once for the heads of several layers (their root and pairwise distances)."""
+    import torch
+
+    weights = _prim(torch.cat([p["dist"] for p in partials]), torch.cat([p["key"] for p in partials]))
+    return {"d": weights.sum(-1) / weights.shape[1], "token_weights": weights}
+
+
+@reducer("mtopdiv", version=1, finish=_mtopdiv_finish)
 def mtopdiv(rows: Rows) -> dict:
     """MTop-Div_G(R, P) of every head (TOHA, Prop. 3.1 and eq. 3): the weight of the minimum spanning forest that
     attaches the response tokens to the prompt, with the prompt contracted to one root (distance ``1 - max_p w_rp``,
     since a prompt token never attends to a response token) and response-response distances ``1 - max(w_ab,
     w_ba)``. ``d [H]`` = MTop-Div / |R| and ``token_weights [H, R]``, the forest edge by which each response token
-    is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference)."""
+    is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
+    distances are computed; Prim's algorithm runs on the heads of several layers at once (:func:`_mtopdiv_finish`).
+    """
     w = rows.response()
-    p = rows.n_prompt
-    key = _distance(w[..., :p].amax(-1))
-    block = w[..., p:]
-    weights = _prim(_distance(block.maximum(block.transpose(1, 2))), key)
-    return {"d": weights.sum(-1) / w.shape[1], "token_weights": weights}
+    block = w[..., rows.n_prompt:]
+    return {"key": _distance(w[..., :rows.n_prompt].amax(-1)), "dist": _distance(block.maximum(block.transpose(1, 2)))}
 
 
 @reducer("mst", version=1, needs_all_rows=True)
