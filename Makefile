@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.halwatch-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install model browser clean
+.PHONY: demo test install model browser polygraph clean
 
 install: $(STAMP)
 
@@ -31,7 +31,16 @@ browser:
 	test -x /usr/bin/chromium || $(SUDO) apt-get install -y -q chromium || \
 		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
 
-test: model browser
+# The optional extra `polygraph` (LM-Polygraph's estimators, the polygraph:NAME detectors), which the tests need: not in
+# requirements.lock, so that `make demo` stays small; installed once (skipped when that version is there). Its
+# resolver keeps torch==2.13.0 and every locked version, and adds about 90 packages.
+POLYGRAPH := lm-polygraph==0.7.0
+
+polygraph: install
+	$(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(m.version('lm-polygraph') != '0.7.0')" \
+		2>/dev/null || $(PIP) install $(POLYGRAPH)
+
+test: model browser polygraph
 	$(BIN)/halwatch models pull gemma3-270m
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q --durations=15

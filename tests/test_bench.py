@@ -113,6 +113,25 @@ def test_ranks_and_holm():
     assert holm == sorted(holm) and all(t["p_holm"] >= t["p"] for t in tests)
 
 
+def test_paired_bootstrap():
+    """Each resample's AUROC equals scikit-learn's on the same resampled answers; a detector compared with itself
+    differs by exactly 0 (p = 1); a perfect ranking beats a random one with a tiny p and an interval above 0."""
+    from halwatch.eval.metrics import _aurocs, paired_bootstrap
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 120)
+    noisy = labels + rng.normal(0, 1.0, 120)
+    index = rng.integers(0, 120, size=(5, 120))
+    expected = [roc_auc_score(labels[i], noisy[i]) for i in index]
+    np.testing.assert_allclose(_aurocs(labels, noisy, index), expected, atol=1e-12)
+    stats = paired_bootstrap(labels, {"perfect": labels + 0.0, "noisy": noisy, "same": noisy}, "noisy",
+                             n_boot=500)
+    assert stats["same"]["diff"] == 0 and stats["same"]["diff_ci"] == [0.0, 0.0]
+    assert stats["perfect"]["p"] < 0.01 and stats["perfect"]["diff_ci"][0] > 0
+    low, high = stats["noisy"]["ci"]
+    assert low < stats["noisy"]["auroc"] < high
+
+
 def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol, monkeypatch):
     import halwatch.eval.bench as bench_mod
 

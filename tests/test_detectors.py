@@ -35,7 +35,7 @@ def test_calibration_is_monotone_probability(method):
 
 
 #: Detectors whose signals the shared white-box pass does not hold: tested on a smaller probe.
-EXPENSIVE = {"lrp4rag", "toha-mst", "ln-entropy", "eigenscore", "selfcheck-ngram", "selfcheck-entail",
+EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "selfcheck-ngram", "selfcheck-entail",
              "semantic-entropy"}
 
 

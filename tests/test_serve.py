@@ -14,7 +14,7 @@ import time
 import httpx2 as httpx
 import pytest
 
-from halwatch.client import AsyncClient, BadRequest, Busy, Client, TooLarge, Unauthorized
+from halwatch.client import AsyncClient, BadRequest, Busy, Client, NotFound, TooLarge, Unauthorized
 from halwatch.data.jsonl import write_jsonl
 from halwatch.serve.common import Running
 from halwatch.serve.scoring import Limits, build_app
@@ -301,3 +301,30 @@ def test_the_page_in_headless_chromium(service, tmp_path):
         finally:
             browser.close()
     assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_watch_check_against_a_store(smol, service, tmp_path):
+    """POST /v1/watch/check: HalMit's monitor on a store with three boundary points around a question (Algorithm 1,
+    case 1: near a cluster of them), and a clear 404 where no store is configured."""
+    from halwatch.watchdog.embed import embed
+    from halwatch.watchdog.store import open_store
+
+    store = open_store(f"sqlite:{tmp_path / 'warsaw.db'}")
+    questions = ["How far is Warsaw from Berlin?", "What is the distance from Warsaw to Berlin?",
+                 "How many kilometres separate Warsaw and Berlin?"]
+    for q, v in zip(questions, embed(questions)):
+        store.add_point(q, v, entropy=1.0, answers=["a", "b"], method="gqa")
+    store.set_meta(domain="Warsaw", k=2, sample_temperature=0.5)
+    store.close()
+    running = Running(build_app(["default"], models={"smollm2-135m": smol},
+                                watch={"store": f"sqlite:{tmp_path / 'warsaw.db'}", "target": "local:smollm2-135m"}))
+    try:
+        verdict = Client(running.url).watch_check("How far is it from Warsaw to Berlin?")
+        assert verdict["case"] == "centroid" and verdict["hallucination"] is True
+        assert {n["query"] for n in verdict["neighbours"]} == set(questions)
+        empty = httpx.post(running.url + "/v1/watch/check", json={"query": ""})
+        assert empty.status_code == 422
+    finally:
+        running.stop()
+    with pytest.raises(NotFound, match="no HalMit store"):
+        Client(service.url).watch_check("How far is Warsaw from Berlin?")

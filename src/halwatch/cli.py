@@ -257,6 +257,11 @@ def cmd_bench(args) -> int:
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
         return 0
+    if args.what == "serve":
+        from halwatch.serve.bench import run_serve_bench
+
+        run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients)
+        return 0
     if args.what == "relevance":
         from halwatch.eval.speed import run_relevance_speed
 
@@ -402,16 +407,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "detectors on cached signals and writes results.json, predictions.jsonl, "
                                    "report.md and figures to --out. `halwatch bench speed` measures load and "
                                    "forward times and peak memory; `halwatch bench relevance` times the LRP4RAG "
-                                   "relevance pass against one forward + backward pass and reports conservation.")
-    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance"], default="run",
-                   help="run (default), speed or relevance")
+                                   "relevance pass against one forward + backward pass and reports conservation; "
+                                   "`halwatch bench serve` measures the HTTP service's throughput and latency "
+                                   "under concurrent clients (the first of --detectors, default 'default').")
+    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance", "serve"], default="run",
+                   help="run (default), speed, relevance or serve")
     p.add_argument("--protocol", nargs="+", choices=PROTOCOLS, help="one or more protocols")
     p.add_argument("--detectors", nargs="+",
                    help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
                         "settings, e.g. lrp4rag:classifier=mlp")
     p.add_argument("--datasets", nargs="+",
-                   help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct) or a labelled "
-                        "JSONL file")
+                   help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
+                        "ragtruth:G1+G2 (pooled), ragtruth:all, or a labelled JSONL file")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
     p.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
                                                   "ragtruth-official and kfold, 100 for random-splits)")
@@ -429,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the first protocol on the first dataset for each value of a detector setting "
                         "(e.g. length=100,220,300 for LRP4RAG's resampling length, Table 3); table in sweep-KEY.md")
     p.add_argument("--prompt-tokens", type=int, default=512, help="relevance: prompt length (default 512)")
+    p.add_argument("--answers", type=int, default=100, help="serve: RAGTruth test answers sent (default 100)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
+                   help="serve: concurrent clients per level (default 1 8 50)")
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_bench)

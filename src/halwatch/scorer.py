@@ -84,7 +84,8 @@ class Scorer:
                           request, n_header=view.n_header)
 
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
-        """One batch: the forward pass (when the request asks for anything from it), then any sampled answers."""
+        """One batch: the forward pass (when the request asks for anything from it), then any sampled answers and
+        any ``extra`` pass of a detector module."""
         from halwatch.models.sampling import sample_answers
 
         base = request.without_sampling()
@@ -95,6 +96,9 @@ class Scorer:
         if request.sampling is not None:
             for v, sig in zip(views, out):
                 sig.generations = sample_answers(self.model, v, request.sampling, self.input_mode)
+        if request.extra is not None:
+            for sig, values in zip(out, request.extra.compute(self, views)):
+                sig.extra = values
         return out
 
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,

@@ -9,16 +9,18 @@ from pathlib import Path
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
+from halwatch.detectors.fused import Fused
 from halwatch.detectors.lrp4rag import LRP4RAG
+from halwatch.detectors.polygraph import Polygraph
 from halwatch.detectors.sampling import EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram, SemanticEntropy
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError, InputError
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention, LinearProbe,
-                Perplexity, MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore, SelfCheckNGram,
-                SelfCheckEntailment, SemanticEntropy)
+    for cls in (Fused, TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention,
+                LinearProbe, Perplexity, MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore,
+                SelfCheckNGram, SelfCheckEntailment, SemanticEntropy, Polygraph)
 }
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.
@@ -49,9 +51,31 @@ def parse_settings(items) -> dict:
 
 def split_spec(spec: str) -> tuple[str, dict]:
     """A detector name, or ``name:key=value,key=value`` (the method with settings, e.g. ``lrp4rag:classifier=mlp``,
-    so that a benchmark can compare variants of one method)."""
+    so that a benchmark can compare variants of one method). A method with a ``positional_setting`` also takes one
+    bare value for it: ``polygraph:Perplexity`` is ``polygraph:estimator=Perplexity``."""
     name, _, rest = spec.partition(":")
-    return name, parse_settings(item for item in rest.split(",") if item)
+    settings, positional = {}, None
+    for item in (item for item in rest.split(",") if item):
+        if "=" in item:
+            key, value = parse_setting(item)
+            settings[key] = value
+            continue
+        if name not in DETECTORS:
+            raise HalwatchError(f"unknown detector {name!r}: known methods are {', '.join(sorted(DETECTORS))}")
+        key = getattr(DETECTORS[name], "positional_setting", None)
+        if key is None:
+            takers = sorted(n for n, c in DETECTORS.items() if getattr(c, "positional_setting", None))
+            raise InputError(f"detector {name!r} takes its settings as KEY=VALUE, got {item!r} in {spec!r} (a bare "
+                             f"value is taken only by {', '.join(takers)})")
+        if positional is not None:
+            raise InputError(f"detector spec {spec!r} has two bare values ({positional!r}, {item!r})")
+        positional = item
+    if positional is not None:
+        key = DETECTORS[name].positional_setting
+        if key in settings:
+            raise InputError(f"detector spec {spec!r} sets {key!r} twice ({positional!r} and {key}=...)")
+        settings[key] = parse_setting(f"{key}={positional}")[1]
+    return name, settings
 
 
 def create_detector(name: str, scorer=None, **kwargs) -> Detector:

@@ -31,11 +31,19 @@ import numpy as np
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
-from halwatch.models.registry import DEFAULT_MODEL
 from halwatch.sample import Sample
-from halwatch.tokens import DEFAULT_MAX_TOKENS, TokenView
+from halwatch.tokens import TokenView
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
+
+
+def fold_indices(labels, most: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(train, held)]`` of stratified, shuffled folds: as many as the smaller class allows, at most ``most``."""
+    from sklearn.model_selection import StratifiedKFold
+
+    labels = np.asarray(labels, dtype=int)
+    k = max(2, min(most, int(np.bincount(labels).min())))
+    return list(StratifiedKFold(k, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels))
 
 
 class Detector:
@@ -122,10 +130,7 @@ class Detector:
         if self.scorer is None:
             from halwatch.scorer import Scorer
 
-            ident = self.identity
-            self.scorer = Scorer(model=ident.get("scoring_model", DEFAULT_MODEL),
-                                 input_mode=ident.get("input_mode", "raw"),
-                                 max_tokens=ident.get("max_tokens", DEFAULT_MAX_TOKENS))
+            self.scorer = Scorer.from_options(identity=self.identity)
         return self.scorer
 
     def _signals(self, samples, progress=False, views=None):
@@ -140,21 +145,9 @@ class Detector:
             raise InputError("the probe data needs both hallucinated (1) and grounded (0) samples")
         if views is not None and not any(v.sample.spans for v in views):
             views = None  # no gold spans: nothing span-level to fit
-        self.fit_method(signals, labels)
-        if views is not None:
-            self.fit_spans(signals, views)
+        self.fit_parts(signals, labels, views)
         if self.supervised:
-            folds = self._fold_fits(signals, labels, views)
-            raw = np.empty(len(labels))
-            tokens: list | None = [None] * len(labels)
-            for copy, held in folds:
-                held_signals = [signals[i] for i in held]
-                raw[held] = copy.raw_scores(held_signals)
-                held_tokens = copy.token_scores(held_signals)
-                for i, t in zip(held, held_tokens or [None] * len(held)):
-                    tokens[i] = t
-            tokens = None if any(t is None for t in tokens) else tokens
-            self.fit_held_out(folds, signals, views)
+            raw, tokens = self.held_out_scores(signals, labels, views)
         else:
             raw, tokens = self.raw_scores(signals), self.token_scores(signals)
         self.calibrator.fit(raw, labels)
@@ -167,26 +160,34 @@ class Detector:
             self.identity = self.scorer.identity()
         return self
 
-    def _fold_fits(self, signals, labels, views) -> list:
-        """``[(copy fitted on the other folds, indices of this fold)]``: stratified folds of the probe (as many as
-        the smaller class allows, at most :attr:`calibration_folds`), shuffled with a fixed seed."""
-        from sklearn.model_selection import StratifiedKFold
+    def fit_parts(self, signals: list[Signals], labels: np.ndarray, views: list[TokenView] | None) -> None:
+        """The method's own fitting: :meth:`fit_method`, then :meth:`fit_spans` where there are gold spans."""
+        self.fit_method(signals, labels)
+        if views is not None:
+            self.fit_spans(signals, views)
 
-        k = max(2, min(self.calibration_folds, int(np.bincount(labels).min())))
+    def held_out_scores(self, signals, labels, views) -> tuple[np.ndarray, list | None]:
+        """Raw and token scores of the probe, each from a copy of the method fitted without it: stratified folds
+        (as many as the smaller class allows, at most :attr:`calibration_folds`), shuffled with a fixed seed."""
+        raw, tokens = np.empty(len(labels)), [None] * len(labels)
         folds = []
-        for train, held in StratifiedKFold(k, shuffle=True, random_state=0).split(np.zeros(len(labels)), labels):
+        for train, held in fold_indices(labels, self.calibration_folds):
             copy = self.fold_copy()
-            copy.fit_method([signals[i] for i in train], labels[train])
-            if views is not None:
-                copy.fit_spans([signals[i] for i in train], [views[i] for i in train])
+            copy.fit_parts([signals[i] for i in train], labels[train],
+                           None if views is None else [views[i] for i in train])
             folds.append((copy, held))
-        return folds
+            held_signals = [signals[i] for i in held]
+            raw[held] = copy.raw_scores(held_signals)
+            for i, t in zip(held, copy.token_scores(held_signals) or [None] * len(held)):
+                tokens[i] = t
+        self.fit_held_out(folds, signals, views)
+        return raw, None if any(t is None for t in tokens) else tokens
 
     def _fit_token_threshold(self, tokens, labels, views) -> float:
         """Best token-level F1 against gold spans where the probe data has them; otherwise the 95th percentile
         of token scores in grounded probe responses (a token is flagged when it is rarer than that in grounded
         answers)."""
-        if views is not None and any(v.sample.spans for v in views):
+        if views is not None:  # fit_signals keeps views only when the probe has gold spans
             y = np.concatenate([v.token_labels() for v in views])
             return best_f1_threshold(np.concatenate(tokens), y)
         grounded = [t for t, label in zip(tokens, labels) if label == 0]

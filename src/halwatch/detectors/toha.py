@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.base import Detector
-from halwatch.detectors.heads import select_heads
+from halwatch.detectors.heads import head_deltas, select_heads
 from halwatch.models.forward import SignalRequest
 
 
@@ -20,6 +20,10 @@ class TOHA(Detector):
     ``divergence="mst"`` is the ablation of section 4.4 (Table 4): the length of the minimum spanning tree of the
     complete attention graph (prompt-prompt distances kept), normalised by |R|, in place of MTop-Div; it needs the
     attention rows of every token and gives no spans.
+
+    ``selection="signed"`` is a variant, not the paper's method: each head's ``d`` is z-scored on the probe and
+    turned by the sign of its Δ, heads are ranked by |Δ| of the z-scores, so that heads whose divergence *falls* on
+    hallucinated answers count too (Algorithm 1 ranks by Δ and so discards them); N_opt as in lines 6-16.
     """
 
     name = "toha"
@@ -27,12 +31,16 @@ class TOHA(Detector):
     supervised = True
 
     def __init__(self, scorer=None, calibration: str = "platt", n_max: int = 10, divergence: str = "mtopdiv",
-                 **settings):
+                 selection: str = "delta", **settings):
         if divergence not in ("mtopdiv", "mst"):
             raise ValueError(f"divergence must be 'mtopdiv' or 'mst', not {divergence!r}")
-        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, divergence=divergence, **settings)
+        if selection not in ("delta", "signed"):
+            raise ValueError(f"selection must be 'delta' (Algorithm 1) or 'signed', not {selection!r}")
+        super().__init__(scorer=scorer, calibration=calibration, n_max=n_max, divergence=divergence,
+                         selection=selection, **settings)
         self.heads: list[tuple[int, int]] | None = None
         self.ranking: list[dict] = []
+        self.scale: dict | None = None  # selection="signed": per chosen head, the probe mean, std and sign
 
     def _all_heads(self):
         return self._scorer().model.all_heads()
@@ -55,27 +63,43 @@ class TOHA(Detector):
 
     def choose_heads(self, signals, labels) -> None:
         heads = self._all_heads()
-        order, deltas, n_opt = select_heads(self.per_head(signals, heads), labels, self.settings["n_max"])
-        self.heads = [heads[i] for i in order[:n_opt]]
+        values = self.per_head(signals, heads)
+        scale = None
+        if self.settings.get("selection") == "signed":
+            mean, std = values.mean(0), values.std(0) + 1e-8
+            sign = np.sign(head_deltas(values, labels)) + (head_deltas(values, labels) == 0)
+            scale = {"mean": mean, "std": std, "sign": sign}
+            values = (values - mean) / std * sign
+        order, deltas, n_opt = select_heads(values, labels, self.settings["n_max"])
+        chosen = order[:n_opt]
+        self.heads = [heads[i] for i in chosen]
         self.ranking = [{"head": list(heads[i]), "delta": round(float(deltas[i]), 6)} for i in order[:20]]
+        self.scale = None if scale is None else {k: v[chosen].tolist() for k, v in scale.items()}
 
     def fit_method(self, signals, labels):
         self.choose_heads(signals, labels)
 
     def raw_scores(self, signals):
-        return self.per_head(signals, self.heads).mean(axis=1)
+        values = self.per_head(signals, self.heads)
+        if self.scale is not None:
+            values = (values - np.array(self.scale["mean"])) / np.array(self.scale["std"]) * np.array(
+                self.scale["sign"])
+        return values.mean(axis=1)
 
     def token_scores(self, signals):
         if self.settings["divergence"] == "mst":
             return None
-        return [s.head_values("mtopdiv.token_weights", self.heads).mean(axis=0).astype(float) for s in signals]
+        sign = np.array(self.scale["sign"])[:, None] if self.scale is not None else 1.0
+        return [(s.head_values("mtopdiv.token_weights", self.heads) * sign).mean(axis=0).astype(float)
+                for s in signals]
 
     def state(self):
-        return {"heads": [list(h) for h in self.heads], "ranking": self.ranking}
+        return {"heads": [list(h) for h in self.heads], "ranking": self.ranking, "scale": self.scale}
 
     def set_state(self, state):
         self.heads = [tuple(h) for h in state["heads"]]
         self.ranking = state.get("ranking", [])
+        self.scale = state.get("scale")
 
 
 def copy_head_scores(scoring_model, n_sequences: int = 8, length: int = 48, seed: int = 0) -> np.ndarray:

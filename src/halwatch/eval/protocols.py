@@ -18,14 +18,15 @@ PROTOCOLS = ("ragtruth-official", "random-splits", "kfold", "transfer")
 
 
 def load_dataset(name: str):
-    """``ragtruth:GENERATOR`` (RAGTruth QA of one generator, both official splits) or a generic JSONL path.
-    Returns ``(samples, generator)``."""
+    """``ragtruth:GENERATOR`` (RAGTruth QA of one generator, both official splits), ``ragtruth:G1+G2`` (several
+    generators pooled), ``ragtruth:all`` (all three) or a generic JSONL path. Returns ``(samples, generator)``."""
     from halwatch.data.jsonl import read_jsonl
     from halwatch.data.ragtruth import read_ragtruth
 
     if name.startswith("ragtruth:"):
         generator = name.split(":", 1)[1]
-        return read_ragtruth(generator=generator), generator
+        chosen = None if generator == "all" else generator.split("+")
+        return read_ragtruth(generator=chosen), generator
     samples = read_jsonl(name)
     if any(s.label is None for s in samples):
         raise InputError("every record of a benchmark dataset needs a label", name)

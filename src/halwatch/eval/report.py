@@ -170,6 +170,33 @@ def plot_transfer(rows, path: Path, detector: str) -> None:
     plt.close(fig)
 
 
+def _bootstrap_tables(preds, protocol, probe, mode) -> list[str]:
+    """For a one-seed run (the official split): per dataset, each detector's AUROC with a 95 % bootstrap interval
+    and its paired difference to the best detector (2,000 resamples of the test answers)."""
+    from halwatch.eval.metrics import paired_bootstrap
+
+    lines = []
+    chosen = [p for p in preds if p["protocol"] == protocol and p.get("probe_size") == probe
+              and p["input_mode"] == mode and "raw" in p and not p.get("settings")]
+    for dataset, group in sorted(_group(chosen, "dataset").items()):
+        rankings = {p["detector"]: p["raw"] for p in group}
+        labels = group[0]["labels"]
+        if len(rankings) < 2 or any(p["labels"] != labels for p in group) or len(set(labels)) < 2:
+            continue
+        from sklearn.metrics import roc_auc_score
+
+        best = max(rankings, key=lambda d: roc_auc_score(labels, rankings[d]))
+        stats = paired_bootstrap(labels, rankings, best)
+        lines += [f"**AUROC with 95 % bootstrap intervals, {dataset[0]}** (paired difference to {best}; "
+                  "2,000 resamples of the test answers)", "",
+                  "| detector | AUROC | 95 % CI | Δ vs best | 95 % CI of Δ | p |", "|---|---|---|---|---|---|"]
+        for name, st in sorted(stats.items(), key=lambda kv: -kv[1]["auroc"]):
+            lines.append(f"| {name} | {st['auroc']:.3f} | {st['ci'][0]:.3f}-{st['ci'][1]:.3f} | {st['diff']:+.3f} | "
+                         f"{st['diff_ci'][0]:+.3f} to {st['diff_ci'][1]:+.3f} | {st['p']:.4f} |")
+        lines.append("")
+    return lines
+
+
 def write_report(out_dir) -> Path:
     """``report.md`` and its figures from what the runs left in ``out_dir``: ``results.json``,
     ``predictions.jsonl``, ``commands.txt`` and, from ``--sweeps``, ``sweeps.md`` and its figures."""
@@ -201,6 +228,8 @@ def write_report(out_dir) -> Path:
             lines += [f"| {t['a']} | {t['b']} | {t['p']:.4f} | {t['p_holm']:.4f} | "
                       f"{'yes' if t['significant'] else 'no'} |" for t in tests]
             lines.append("")
+        if len(seeds) == 1:
+            lines += _bootstrap_tables(preds, protocol, probe, mode)
         for dataset in sorted({r["dataset"] for r in group}):
             fig = (f"roc-{protocol}-{probe}-{mode}-"
                    f"{dataset.replace(':', '_').replace('>', '').replace('/', '_')}.png")

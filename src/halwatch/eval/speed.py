@@ -84,6 +84,14 @@ def ripser_comparison(rows, n_prompt: int, out=print) -> dict:
     return {"ours_s": t_ours, "ripser_s": t_ripser, "max_diff": diff}
 
 
+def _default_detector(scoring_model):
+    """The shipped default detector on this scoring model (no disk cache)."""
+    from halwatch.detectors import load_detector
+    from halwatch.scorer import Scorer
+
+    return load_detector("default", scorer=Scorer(model=scoring_model, cache=None))
+
+
 def speed_samples(lengths):
     """One sample per length, cut to that many tokens by the scorer's cap."""
     from halwatch.data.ragtruth import read_ragtruth
@@ -131,13 +139,23 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         results["lengths"][n] = row
     heads = toha_heads(shared.name)
     toha_request = SignalRequest(heads=tuple(heads), reducers=("mtopdiv",))
+    default = _default_detector(shared)
     for n in lengths:
         row = results["lengths"][n]
-        row["toha_s"] = _timed(lambda: forward.run(shared, [row["view"]], toha_request), repeats)
+        view = row["view"]
+        row["toha_s"] = _timed(lambda: forward.run(shared, [view], toha_request), repeats)
+
+        def hf_forward():
+            with torch.inference_mode():
+                shared.model(input_ids=torch.tensor([view.input_ids]), use_cache=False)
+
+        row["hf_s"] = _timed(hf_forward, repeats)
+        row["default_s"] = _timed(lambda: default.verdicts([view], forward.run(shared, [view], default.request())),
+                                  repeats)
     peak_ours = _peak_rss_mb()
     toha_col = f"TOHA {len(heads)} heads"
-    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'+stats':>8} {'+capture all heads':>19} {toha_col:>14} "
-        f"{'TOHA/plain':>10} {'eager attn maps':>16}")
+    out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'HF fwd':>8} {'+stats':>8} {'+capture all heads':>19} "
+        f"{toha_col:>14} {'TOHA/plain':>10} {'default':>9} {'default/HF':>10} {'eager attn maps':>16}")
     for n in lengths:
         row = results["lengths"][n]
         sm = scorers[n].model
@@ -156,15 +174,18 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
             row["eager_s"] = _timed(eager, repeats)
         finally:
             forward.install(sm.model)
-        out(f"{row['tokens']:>6} {row['response_tokens']:>5} {row['plain_s']:>7.2f}s {row['stats_s']:>7.2f}s "
-            f"{row['capture_all_s']:>18.2f}s {row['toha_s']:>13.2f}s {row['toha_s'] / row['plain_s']:>9.2f}x "
-            f"{row['eager_s']:>15.2f}s")
+        out(f"{row['tokens']:>6} {row['response_tokens']:>5} {row['plain_s']:>7.2f}s {row['hf_s']:>7.2f}s "
+            f"{row['stats_s']:>7.2f}s {row['capture_all_s']:>18.2f}s {row['toha_s']:>13.2f}s "
+            f"{row['toha_s'] / row['plain_s']:>9.2f}x {row['default_s']:>8.2f}s "
+            f"{row['default_s'] / row['hf_s']:>9.2f}x {row['eager_s']:>15.2f}s")
     results["peak_rss_mb_ours"] = peak_ours
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
-    out("plain: SDPA forward, one logit; +stats: response log-probs and entropies; +capture all heads: also the "
-        "response-token attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA "
-        "artifact's heads; eager: transformers' output_attentions=True (all maps)")
+    out("plain: SDPA forward, one logit; HF fwd: model(input_ids) as transformers runs it (SDPA, the logits of every "
+        "position); +stats: response log-probs and entropies; +capture all heads: also the response-token "
+        "attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA artifact's heads; "
+        f"default: scoring with the shipped default ({default.name}): its signals, score and spans; eager: "
+        "transformers' output_attentions=True (all maps)")
     return results
 
 

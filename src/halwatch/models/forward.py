@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,10 @@ class SignalRequest:
     - ``relevance``: relevance of the input tokens for the response tokens
       (:class:`halwatch.models.relevance.RelevanceRequest`, LRP4RAG); the pass then runs with gradients and the
       propagation rules, and feeds every other signal asked for from the same forward pass.
+    - ``extra``: a pass that a detector module defines itself (e.g.
+      :class:`halwatch.detectors.polygraph.PolygraphRequest`, LM-Polygraph's estimators): a frozen, hashable object
+      with ``key()`` (its part of the cache key, with its own version) and ``compute(scorer, views)`` (one dict of
+      arrays per view, returned in ``Signals.extra`` and cached with the other signals).
     """
 
     token_stats: bool = False
@@ -62,6 +67,7 @@ class SignalRequest:
     reducers: tuple[str, ...] = ()
     sampling: SamplingRequest | None = None
     relevance: RelevanceRequest | None = None
+    extra: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
@@ -92,6 +98,7 @@ class SignalRequest:
             reducers=tuple(x for r in reqs for x in r.reducers),
             sampling=_one(reqs, "sampling"),
             relevance=_one(reqs, "relevance"),
+            extra=_one(reqs, "extra"),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -102,7 +109,7 @@ class SignalRequest:
         """What identifies this request's signals in the cache: every field (the optional ones only when set) and
         the version of each reducer, so that a changed signal definition never reuses old values."""
         optional = ("sampling", "relevance", "token_hidden_layers")
-        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*optional, "extra")}
         for name in optional:
             if getattr(self, name):
                 value = getattr(self, name)
@@ -112,10 +119,13 @@ class SignalRequest:
             key["sampling_version"] = SAMPLING_VERSION
         if self.relevance is not None:
             key["relevance_version"] = RELEVANCE_VERSION
+        if self.extra is not None:
+            key["extra"] = self.extra.key()
         return key
 
     def without_sampling(self) -> "SignalRequest":
-        return replace(self, sampling=None)
+        """The request of the forward pass alone: no sampled answers and no ``extra`` pass."""
+        return replace(self, sampling=None, extra=None)
 
 
 def _one(reqs, name: str):
@@ -149,6 +159,7 @@ class Signals:
     reduced: dict[str, np.ndarray] = field(default_factory=dict)  # "reducer.field" -> [H, ...]
     generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
     relevance: dict[str, np.ndarray] | None = None  # see the class docstring
+    extra: dict[str, np.ndarray] | None = None  # the results of SignalRequest.extra
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {
@@ -164,6 +175,7 @@ class Signals:
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
         out.update({f"gen:{k}": v for k, v in (self.generations or {}).items()})
         out.update({f"rel:{k}": v for k, v in (self.relevance or {}).items()})
+        out.update({f"extra:{k}": v for k, v in (self.extra or {}).items()})
         return out
 
     @classmethod
@@ -179,6 +191,7 @@ class Signals:
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
             generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
             relevance={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("rel:")} or None,
+            extra={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("extra:")} or None,
         )
 
     def head_values(self, name: str, heads) -> np.ndarray:

@@ -67,10 +67,8 @@ class Guard:
         await self.http.aclose()
 
     async def verdicts(self, item: dict, answers: list[str], source: str) -> dict:
-        from halwatch.serve.scoring import ScoreItem
-
         scored = [i for i, a in enumerate(answers) if a.strip()]
-        results = await self.service.score([ScoreItem(**item, response=answers[i]) for i in scored]) if scored else []
+        results = await self.service.score_body([{**item, "response": answers[i]} for i in scored]) if scored else []
         by_index = dict(zip(scored, results))
         choices = [{"index": i, **by_index[i]} if i in by_index else {"index": i, "skipped": "empty answer"}
                    for i in range(len(answers))]

@@ -183,6 +183,10 @@ class ScoringService:
             prepared.append((detector, view))
         return prepared
 
+    async def score_body(self, body) -> list[dict]:
+        """The results of a /v1/score body (one item object, or a list of them) as a list."""
+        return await self.score(parse_items(body))
+
     async def score(self, items: list[ScoreItem]) -> list[dict]:
         prepared = self.prepare(items)
         self.worker.admit(len(prepared))
@@ -257,13 +261,24 @@ class ScoringService:
                 results[i] = batch[i].detector.verdicts([batch[i].view], [sig])[0] | {"offset_unit": OFFSET_UNIT}
         return results
 
-    def check(self, query: str) -> dict:
+    async def check(self, query: str) -> dict:
+        """HalMit's verdict for ``query`` against the configured store, on the model thread (a local target
+        shares the scoring model when it is the same one)."""
         from halwatch.watchdog.run import check
 
         if not self.watch:
             raise ApiError(404, "no HalMit store is configured here (halwatch serve --watch-store STORE)",
                            "no_watch_store")
-        return check(query, self.watch["store"], self.watch.get("target", "local:smollm2-135m"))
+        target = self.watch.get("target") or "local:smollm2-135m"
+        loaded = {d._scorer().model.name: d._scorer().model for d in self.detectors.values()}
+        options = {"scoring_model": loaded[target[6:]]} if target.removeprefix("local:") in loaded else {}
+        self.worker.admit()
+        try:
+            return await self.worker.run(lambda: check(query, self.watch["store"], target, client_options=options))
+        except HalwatchError as exc:
+            raise ApiError(400, str(exc), "watch_error") from None
+        finally:
+            self.worker.release()
 
 
 class WatchQuery(BaseModel):
@@ -313,7 +328,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
     @app.post("/v1/score", response_model=ScoreResult | list[ScoreResult])
     async def score(body: dict | list = Body(..., examples=[EXAMPLE])):
         """Score one item (an object: a result comes back) or a list of items (a list of results, in order)."""
-        results = await service.score(parse_items(body))
+        results = await service.score_body(body)
         return results if isinstance(body, list) else results[0]
 
     @app.get("/v1/detectors")
@@ -322,10 +337,8 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
 
     @app.post("/v1/watch/check")
     async def watch_check(body: WatchQuery):
-        try:
-            return await asyncio.to_thread(service.check, body.query)
-        except HalwatchError as exc:
-            raise ApiError(400, str(exc), "watch_error") from None
+        """HalMit (Algorithm 1): is this query likely to make the watched agent hallucinate?"""
+        return await service.check(body.query)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

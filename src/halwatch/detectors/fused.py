@@ -1,0 +1,214 @@
+"""The fused detector: every signal of the one white-box pass, the human span labels, and honest stacking.
+
+Answer level, one regularised logistic regression per family of signals (each a published method's feature):
+
+- ``lookback``: the time-mean lookback ratio of every head (Lookback Lens, section 2.1);
+- ``toha``: the normalised MTop-Div ``d`` of every head (TOHA, eq. 3), all heads rather than a selection;
+- ``diag``: the mean log attention of each response token on itself, per head (LLM-Check's attention score);
+- ``sink``: the mean attention on the first input token, per head (the attention sink);
+- ``hidden``: the mean hidden state of the middle and of the last layer over the response (the linear probe);
+- ``uncertainty``: surprisal and predictive-entropy statistics of the response tokens (perplexity, max and mean
+  entropy and their spread).
+
+Token level (``tokens``): a logistic regression on every response token's features (the lookback ratio, MTop-Div
+edge weight, log self-attention and sink attention of every head, the middle layer's hidden state, surprisal and
+entropy), trained on the RAGTruth span labels (a token is hallucinated when it overlaps a human span). Its
+probabilities, smoothed over ``smooth`` neighbouring tokens, are the detector's token scores and give its spans; their
+maximum, top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a whole-
+answer mean dilutes them).
+
+The answer score is a stacked logistic regression over the families' log-odds, the pooled token scores and the log
+response length as an explicit feature (its coefficient is reported: the detector must beat length, not rediscover
+it). Stacking is out of fold: every family model and the token model are fitted on four fifths of the probe and
+score the fifth they did not see, the stacker is fitted on those held-out scores, and the calibration and the
+thresholds on the stacker's own held-out scores. Regularisation is chosen by cross-validation everywhere.
+
+Departures: this is halwatch's own combination, not a published method; each family is its paper's feature, but
+TOHA's heads are all kept (weighted by the regression) instead of Algorithm 1's top-N mean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from halwatch.detectors import linear
+from halwatch.detectors.base import Detector, fold_indices
+from halwatch.detectors.calibration import fit_logistic, logistic_logodds
+from halwatch.models.forward import SignalRequest, whitebox_request
+
+FAMILIES = ("lookback", "toha", "diag", "sink", "hidden", "uncertainty")
+POOLED = ("token_max", "token_top", "token_mean")
+
+
+def _smooth(values: np.ndarray, width: int) -> np.ndarray:
+    if width <= 1 or len(values) < 2:
+        return values
+    kernel = np.ones(width) / width
+    padded = np.pad(values, (width // 2, width - 1 - width // 2), mode="edge")
+    return np.convolve(padded, kernel, mode="valid")
+
+
+def _sigmoid(z):
+    from scipy.special import expit
+
+    return expit(z)
+
+
+class Fused(Detector):
+    name = "fused"
+    citation = ("halwatch fused detector: stacked TOHA, Lookback Lens, LLM-Check, linear-probe and uncertainty "
+                "features with a token classifier on RAGTruth spans")
+    supervised = True
+
+    def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_l2: float | str = "cv",
+                 folds: int = 5, smooth: int = 3, pool_k: int = 3, drop: tuple | list | str = (), **settings):
+        if isinstance(drop, str):  # from a command line: drop=tokens+hidden
+            drop = [part for part in drop.split("+") if part]
+        unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
+        if unknown:
+            raise ValueError(f"drop: unknown signal families {unknown}: choose from {FAMILIES + ('tokens', 'length')}")
+        super().__init__(scorer=scorer, calibration=calibration, C=C, token_l2=token_l2, folds=int(folds),
+                         smooth=int(smooth), pool_k=int(pool_k), drop=sorted(drop), **settings)
+        self.families: dict = {}
+        self.token_model: dict | None = None
+        self.stacker: dict = {}
+        self.columns: list[str] = []
+
+    # ---- features -----------------------------------------------------------------------------------------------
+    def _layout(self):
+        model = self._scorer().model
+        return model.all_heads(), model.n_layers // 2, model.n_layers
+
+    def request(self) -> SignalRequest:
+        return whitebox_request(self._scorer().model)
+
+    def answer_features(self, signals) -> dict[str, np.ndarray]:
+        heads, mid, last = self._layout()
+        out = {name: [] for name in FAMILIES}
+        for s in signals:
+            out["lookback"].append(s.head_values("lookback.ratio", heads).mean(1))
+            out["toha"].append(s.head_values("mtopdiv.d", heads))
+            out["diag"].append(np.log(np.clip(s.head_values("diag.w", heads), 1e-6, None)).mean(1))
+            out["sink"].append(s.head_values("sink.w", heads).mean(1))
+            out["hidden"].append(np.concatenate([s.hidden[s.hidden_layers.index(mid), 0],
+                                                 s.hidden[s.hidden_layers.index(last), 0]]))
+            surprisal, entropy = -s.logprobs.astype(float), s.entropy.astype(float)
+            out["uncertainty"].append(np.array([
+                surprisal.mean(), surprisal.max(), np.quantile(surprisal, 0.9), surprisal.std(),
+                entropy.mean(), entropy.max(), np.quantile(entropy, 0.9), entropy.std()]))
+        return {k: np.stack(v).astype(np.float64) for k, v in out.items()}
+
+    def token_features(self, sig) -> np.ndarray:
+        """``[R, F]``: per response token, every head's lookback ratio, MTop-Div edge weight, log self-attention
+        and sink attention, the middle layer's hidden state, surprisal, entropy and the relative position."""
+        heads, mid, _ = self._layout()
+        r = sig.n_response
+        parts = [sig.head_values("lookback.ratio", heads).T, sig.head_values("mtopdiv.token_weights", heads).T,
+                 np.log(np.clip(sig.head_values("diag.w", heads), 1e-6, None)).T, sig.head_values("sink.w", heads).T,
+                 sig.token_hidden[sig.token_hidden_layers.index(mid)].astype(np.float32),
+                 -sig.logprobs[:, None], sig.entropy[:, None], (np.arange(r) / max(r - 1, 1))[:, None]]
+        return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=1)
+
+    def _token_data(self, signals, views):
+        x = [self.token_features(s) for s in signals]
+        y = [v.token_labels() for v in views] if views is not None else None
+        return x, y
+
+    # ---- pieces -------------------------------------------------------------------------------------------------
+    def _fit_tokens(self, x: list, y: list, l2="cv") -> dict:
+        groups = np.concatenate([np.full(len(t), i) for i, t in enumerate(x)])
+        return linear.fit(np.concatenate(x), np.concatenate(y), l2=l2, groups=groups)
+
+    def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
+        return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
+
+    def _pooled(self, probs: list[np.ndarray]) -> np.ndarray:
+        k = self.settings["pool_k"]
+        rows = [[p.max(), np.sort(p)[-k:].mean(), p.mean()] for p in probs]
+        return np.log(np.clip(np.array(rows), 1e-6, 1 - 1e-6) / np.clip(1 - np.array(rows), 1e-6, None))
+
+    def _stack_columns(self, family_logodds: dict, pooled, lengths) -> tuple[np.ndarray, list[str]]:
+        cols, names = [], []
+        for name in FAMILIES:
+            if name not in self.settings["drop"]:
+                cols.append(family_logodds[name])
+                names.append(name)
+        if pooled is not None and "tokens" not in self.settings["drop"]:
+            cols += list(pooled.T)
+            names += list(POOLED)
+        if "length" not in self.settings["drop"]:
+            cols.append(np.log(np.asarray(lengths, dtype=float)))
+            names.append("log_length")
+        return np.stack(cols, axis=1), names
+
+    # ---- fitting ------------------------------------------------------------------------------------------------
+    def fit_parts(self, signals, labels, views):
+        """Out-of-fold stacking (module docstring); keeps the held-out scores for the calibration."""
+        labels = np.asarray(labels, dtype=int)
+        feats = self.answer_features(signals)
+        use_tokens = views is not None and "tokens" not in self.settings["drop"]
+        tok_x, tok_y = self._token_data(signals, views) if use_tokens else (None, None)
+        lengths = [s.n_response for s in signals]
+        folds = fold_indices(labels, self.settings["folds"])
+        # regularisation chosen once on the whole probe, then fixed in the folds
+        chosen = {name: fit_logistic(feats[name], labels, self.settings["C"])["C"] for name in FAMILIES
+                  if name not in self.settings["drop"]}
+        l2 = self.settings["token_l2"]
+        if use_tokens and l2 == "cv":
+            l2 = self._fit_tokens(tok_x, tok_y)["l2"]
+        held_family = {name: np.zeros(len(labels)) for name in chosen}
+        held_tokens: list = [None] * len(labels)
+        for train, held in folds:
+            for name, c in chosen.items():
+                model = fit_logistic(feats[name][train], labels[train], c)
+                held_family[name][held] = logistic_logodds(model, feats[name][held])
+            if use_tokens:
+                model = self._fit_tokens([tok_x[i] for i in train], [tok_y[i] for i in train], l2)
+                for i, p in zip(held, self._token_probs(model, [tok_x[i] for i in held])):
+                    held_tokens[i] = p
+        pooled = self._pooled(held_tokens) if use_tokens else None
+        stack_x, self.columns = self._stack_columns(held_family, pooled, lengths)
+        self.stacker = fit_logistic(stack_x, labels, self.settings["C"])
+        # the stacker's own held-out scores (the same folds), for the calibration and the threshold
+        held_raw = np.zeros(len(labels))
+        for train, held in folds:
+            model = fit_logistic(stack_x[train], labels[train], self.stacker["C"])
+            held_raw[held] = logistic_logodds(model, stack_x[held])
+        self._held_out = (held_raw, held_tokens if use_tokens else None)
+        self.held_out_inputs = stack_x  # the stacker's training inputs: every column scored out of fold
+        # the parts used at scoring time, fitted on the whole probe
+        self.families = {name: fit_logistic(feats[name], labels, c) for name, c in chosen.items()}
+        self.token_model = self._fit_tokens(tok_x, tok_y, l2) if use_tokens else None
+
+    def held_out_scores(self, signals, labels, views):
+        held, self._held_out = self._held_out, None
+        return held
+
+    # ---- scoring ------------------------------------------------------------------------------------------------
+    def _stack_inputs(self, signals) -> np.ndarray:
+        feats = self.answer_features(signals)
+        family = {name: logistic_logodds(model, feats[name]) for name, model in self.families.items()}
+        pooled = None
+        if self.token_model is not None:
+            pooled = self._pooled(self._token_probs(self.token_model, [self.token_features(s) for s in signals]))
+        return self._stack_columns(family, pooled, [s.n_response for s in signals])[0]
+
+    def raw_scores(self, signals):
+        return logistic_logodds(self.stacker, self._stack_inputs(signals))
+
+    def token_scores(self, signals):
+        if self.token_model is None:
+            return None
+        return self._token_probs(self.token_model, [self.token_features(s) for s in signals])
+
+    def coefficients(self) -> dict[str, float]:
+        """The stacker's weight of each input, on standardised inputs (the log length's among them)."""
+        return dict(zip(self.columns, (round(c, 4) for c in self.stacker["coef"])))
+
+    def state(self):
+        return {"families": self.families, "token_model": self.token_model, "stacker": self.stacker,
+                "columns": self.columns, "coefficients": self.coefficients()}
+
+    def set_state(self, state):
+        self.families, self.token_model = state["families"], state.get("token_model")
+        self.stacker, self.columns = state["stacker"], state["columns"]
