@@ -61,14 +61,18 @@ class Fused(Detector):
     supervised = True
 
     def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_l2: float | str = "cv",
-                 folds: int = 5, smooth: int = 3, pool_k: int = 3, drop: tuple | list | str = (), **settings):
+                 folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
+                 drop: tuple | list | str = (), **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
             drop = [part for part in drop.split("+") if part]
         unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
         if unknown:
             raise ValueError(f"drop: unknown signal families {unknown}: choose from {FAMILIES + ('tokens', 'length')}")
+        if not 0 < float(negatives) <= 1:
+            raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_l2=token_l2, folds=int(folds),
-                         smooth=int(smooth), pool_k=int(pool_k), drop=sorted(drop), **settings)
+                         smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
+                         **settings)
         self.families: dict = {}
         self.token_model: dict | None = None
         self.stacker: dict = {}
@@ -116,8 +120,15 @@ class Fused(Detector):
 
     # ---- pieces -------------------------------------------------------------------------------------------------
     def _fit_tokens(self, x: list, y: list, l2="cv") -> dict:
+        """The token classifier on every hallucinated token and a seeded ``negatives`` share of the others, each
+        kept negative weighted by the inverse of that share (the weighted log-loss estimates the full one; the
+        matrix shrinks about threefold)."""
         groups = np.concatenate([np.full(len(t), i) for i, t in enumerate(x)])
-        return linear.fit(np.concatenate(x), np.concatenate(y), l2=l2, groups=groups)
+        labels = np.concatenate(y).astype(np.float32)
+        rate = float(self.settings["negatives"])
+        keep = (labels > 0) | (np.random.default_rng(0).random(len(labels)) < rate)
+        weights = np.where(labels[keep] > 0, 1.0, 1.0 / rate)
+        return linear.fit(np.concatenate(x)[keep], labels[keep], l2=l2, groups=groups[keep], weights=weights)
 
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
         return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]

@@ -10,7 +10,7 @@ import numpy as np
 from halwatch.detectors.classifiers import pack, unpack
 
 #: The L2 strengths (per sample, on standardised features) that ``l2="cv"`` chooses from.
-L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
+L2_GRID = (1e-2, 1e-1, 1.0)
 
 
 def _train(x, y, weight, l2: float, iterations: int):
@@ -33,10 +33,11 @@ def _train(x, y, weight, l2: float, iterations: int):
 
 
 def fit(x, labels, l2: float | str = "cv", groups=None, folds: int = 3, iterations: int = 200,
-        balance: bool = False, seed: int = 0) -> dict:
+        balance: bool = False, seed: int = 0, weights=None) -> dict:
     """A logistic regression on standardised ``x`` (``[n, d]``, float32 kept). ``l2="cv"``: the strength from
     :data:`L2_GRID` with the best held-out log-loss over ``folds`` folds (by ``groups`` when given, e.g. the answer
-    of each token, so that a group is never split). ``balance``: weight the classes equally."""
+    of each token, so that a group is never split). ``balance``: weight the classes equally; ``weights``: a weight
+    per row instead (e.g. the inverse of the rate at which a subsampled class was kept)."""
     import torch
 
     x = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
@@ -46,6 +47,8 @@ def fit(x, labels, l2: float | str = "cv", groups=None, folds: int = 3, iteratio
     z = (x - mean) / std
     pos = float(y.mean())
     weight = torch.where(y > 0, 0.5 / max(pos, 1e-6), 0.5 / max(1 - pos, 1e-6)) if balance else None
+    if weights is not None:
+        weight = torch.as_tensor(np.asarray(weights, dtype=np.float32))
     chosen = l2
     if l2 == "cv":
         from sklearn.model_selection import GroupKFold, StratifiedKFold
