@@ -5,6 +5,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 from halwatch.models import forward
 from halwatch.models.forward import SignalRequest
@@ -125,3 +126,22 @@ def test_a_changed_signal_definition_is_not_read_from_the_cache(smol, probe, tmp
     assert calls == [1]  # recomputed under the new version
     scorer.signals(probe[:1], REQ)
     assert calls == [1]  # MTop-Div's version did not change: read from the cache
+
+
+def test_an_artifact_fitted_on_older_signal_definitions_is_refused(tmp_path):
+    """An artifact records the version of every signal reducer it was fitted on; one made before a signal's
+    definition changed (the lookback ratio's alignment, version 1 -> 2) is refused with a message to refit, never
+    scored with features it was not trained on."""
+    import json
+
+    from halwatch.detectors import load_detector, read_artifact
+    from halwatch.errors import HalwatchError
+    from halwatch.signals.reducers import REDUCERS
+
+    shipped = read_artifact("lookback-lens")
+    assert shipped["signal_versions"] == {"lookback": REDUCERS["lookback"].version}
+    load_detector("lookback-lens")  # current: loads
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**shipped, "signal_versions": {"lookback": 1}}))
+    with pytest.raises(HalwatchError, match="older definitions of the signals.*lookback.*fit it again"):
+        load_detector(str(old))

@@ -32,6 +32,7 @@ from halwatch.detectors.calibration import Calibrator, best_f1_threshold
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
+from halwatch.signals import reducers
 from halwatch.tokens import TokenView
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
@@ -157,7 +158,7 @@ class Detector:
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
                           "calibration": "out-of-fold" if self.supervised else "in-sample (unsupervised score)"}
         if self.scorer is not None:
-            self.identity = self.scorer.identity()
+            self.identity = {**self.scorer.identity(), "signal_versions": reducers.versions(self.request().reducers)}
         return self
 
     def fit_parts(self, signals: list[Signals], labels: np.ndarray, views: list[TokenView] | None) -> None:
@@ -283,7 +284,14 @@ class Detector:
         det.calibrator = Calibrator.from_dict(d["calibration"])
         det.threshold = d["threshold"]
         det.token_threshold = d.get("token_threshold")
-        det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens") if k in d}
+        det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens",
+                                          "signal_versions") if k in d}
+        stale = {name: v for name, v in det.identity.get("signal_versions", {}).items()
+                 if reducers.REDUCERS.get(name) is None or reducers.REDUCERS[name].version != v}
+        if stale:
+            now = reducers.versions([name for name in stale if name in reducers.REDUCERS])
+            raise HalwatchError(f"detector {d['detector']!r} was fitted on older definitions of the signals {stale} "
+                                f"(this halwatch computes {now}): fit it again (`halwatch fit`)")
         det.fitted_on = d.get("fitted_on", {})
         det.set_state(d.get("state", {}))
         if scorer is not None and det.identity:
