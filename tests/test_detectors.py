@@ -120,8 +120,9 @@ def test_shipped_artifacts_load_and_name_their_data():
     assert {"default", "toha", "toha-chat", "lookback-lens", "lookback-lens-chat", "perplexity", "max-entropy",
             "mean-entropy"} <= set(shipped)
     default = load_detector("default")
-    assert default.name == "toha" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
-    assert len(default.heads) <= default.settings["n_max"]
+    assert default.name == "fused" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
+    assert default.token_model is not None and "log_length" in default.coefficients()
+    assert len(load_detector("toha").heads) <= load_detector("toha").settings["n_max"]
     for name in shipped:
         det = load_detector(name)
         assert det.identity["scoring_model"] == "smollm2-135m" and "RAGTruth" in det.fitted_on["data"]
