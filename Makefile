@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.halwatch-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install model browser polygraph clean
+.PHONY: demo test install model browser polygraph ray clean
 
 install: $(STAMP)
 
@@ -40,7 +40,14 @@ polygraph: install
 	$(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(m.version('lm-polygraph') != '0.7.0')" \
 		2>/dev/null || $(PIP) install $(POLYGRAPH)
 
-test: model browser polygraph
+# The optional extra `ray` (Ray Data: halwatch score --ray, halwatch bench --ray), which the tests need; installed once.
+RAY := ray[data]==2.60.0
+
+ray: install
+	$(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(m.version('ray') != '2.60.0')" \
+		2>/dev/null || $(PIP) install "$(RAY)"
+
+test: model browser polygraph ray
 	$(BIN)/halwatch models pull gemma3-270m
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q --durations=15

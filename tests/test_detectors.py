@@ -51,6 +51,7 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
         det.score(probe[:1])
     det.fit(probe)
     assert det.identity["scoring_model"] == "smollm2-135m" and det.identity["input_mode"] == "raw"
+    assert det.identity["dtype"] == "float32"  # the artifact records the precision it was fitted in
     held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800][: 3 if name in EXPENSIVE else 6]
     probs = det.score(held_out)
     assert probs.shape == (len(held_out),) and np.all((probs >= 0) & (probs <= 1))

@@ -35,7 +35,7 @@ def items(probe):
 @pytest.fixture(scope="module")
 def service(smol):
     running = Running(build_app(["default", "lookback-lens"], models={"smollm2-135m": smol},
-                                limits=Limits(batch_size=8, batch_wait=0.05, max_items=16)))
+                                limits=Limits(batch_size=8, batch_wait=0.05, batch_padding=1.0, max_items=16)))
     yield running
     running.stop()
 
@@ -328,3 +328,15 @@ def test_watch_check_against_a_store(smol, service, tmp_path):
         running.stop()
     with pytest.raises(NotFound, match="no HalMit store"):
         Client(service.url).watch_check("How far is Warsaw from Berlin?")
+
+
+def test_batches_hold_the_oldest_answer_and_answers_of_similar_length():
+    from halwatch.serve.scoring import pick_batch
+
+    lengths = [100, 500, 98, 510, 102, 97]
+    assert pick_batch(lengths, 3, 8192, 0.1) == [0, 2, 4]  # nearest in length to the oldest, no 500s
+    assert pick_batch(lengths, 8, 8192, 0.1) == [0, 2, 4, 5]
+    assert pick_batch(lengths, 8, 300, 0.1) == [0, 2, 5]  # 3 x 102 > 300 padded tokens: 102 skipped, 97 fits
+    assert pick_batch(lengths[1:], 8, 8192, 0.1) == [0, 2]  # 500 with 510 (2% padding), not with the 100s
+    assert pick_batch(lengths, 8, 8192, 1.0) == [0, 1, 2, 3, 4, 5]
+    assert pick_batch([7], 8, 8192, 0.1) == [0]

@@ -24,7 +24,9 @@ FORMAT_VERSION = 2
 
 
 def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n_prompt: int,
-               request: SignalRequest, n_header: int = 0) -> str:
+               request: SignalRequest, n_header: int = 0, dtype: str = "float32") -> str:
+    """The cache key of one sample's signals; the model's dtype is part of it unless float32 (the keys made before
+    there was a choice)."""
     ids = np.asarray(input_ids, dtype=np.int64).tobytes()
     payload = json.dumps(
         {
@@ -36,6 +38,7 @@ def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n
             "n_prompt": n_prompt,
             "n_header": n_header,
             "request": request.key(),
+            **({"dtype": dtype} if dtype != "float32" else {}),
         },
         sort_keys=True,
     )

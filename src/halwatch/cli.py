@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from halwatch.errors import HalwatchError, InputError
+from halwatch.models.loader import add_device_options
 from halwatch.progress import note, set_quiet
 
 log = logging.getLogger("halwatch")
@@ -28,8 +30,23 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"token cap per sample; longer prompts are cut inside the context (default "
                         f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
-    p.add_argument("--batch-size", type=int, default=1, help="samples per forward pass (default 1)")
+    p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
+                   help="samples per forward pass (default auto: samples of similar length, as many as fit 2048 "
+                        "padded tokens on a CPU, 32768 on a GPU)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the signal cache")
+    add_device_options(p)
+
+
+def _batch_size(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or 'auto': {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_question_options(p: argparse.ArgumentParser) -> None:
@@ -87,12 +104,59 @@ def cmd_models(args) -> int:
 
 def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None):
     """The scorer of a command's ``--model``, ``--input-mode`` (or ``input_mode``), ``--max-tokens``,
-    ``--no-cache`` and ``--batch-size``, falling back to an artifact's ``identity``."""
+    ``--no-cache``, ``--batch-size``, ``--device`` and ``--dtype``, falling back to an artifact's ``identity``."""
     from halwatch.scorer import Scorer
 
     return Scorer.from_options(model=args.model, input_mode=input_mode or args.input_mode,
                                max_tokens=args.max_tokens, cache=not args.no_cache, batch_size=args.batch_size,
-                               identity=identity)
+                               identity=identity, device=args.device, dtype=args.dtype)
+
+
+def _add_ray_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help=f"{what} on a Ray cluster: its ADDRESS (host:port, auto, ray://...), or none to start a local "
+                        f"one on this machine (needs the extra: pip install -e '.[ray]')")
+    p.add_argument("--ray-actors", type=int, default=1, help="Ray: actors, each loading the model once (default 1)")
+    p.add_argument("--ray-cpus", type=float, default=1, help="Ray: CPUs per actor, its torch threads (default 1)")
+    p.add_argument("--ray-gpus", type=float, default=None,
+                   help="Ray: GPUs per actor (default 1 with --device cuda, else 0)")
+    p.add_argument("--ray-batch", type=int, default=8, help="Ray: records per Ray batch (default 8)")
+
+
+def _ray_options(args) -> dict:
+    gpus = args.ray_gpus if args.ray_gpus is not None else float(args.device.startswith("cuda"))
+    return {"address": None if args.ray == "local" else args.ray, "actors": args.ray_actors,
+            "cpus_per_actor": args.ray_cpus, "gpus_per_actor": gpus, "batch_size": args.ray_batch}
+
+
+def _score_on_ray(args, artifact: dict) -> int:
+    """``halwatch score --input F --output O --ray``: verdicts appended to O as they arrive; ids already in O are
+    skipped; failed records are reported with their ids (and listed in O.errors.jsonl), the others kept."""
+    from halwatch.data.jsonl import sample_record, write_jsonl
+    from halwatch.scale import score_records
+
+    if not args.input or args.output in (None, "-"):
+        raise InputError("--ray scores a file: give --input FILE and --output FILE (appended to, and resumed)")
+    samples = _read_input(args.input, args.skip_invalid)
+    options = {"model": args.model, "input_mode": args.input_mode, "max_tokens": args.max_tokens,
+               "batch_size": args.batch_size, "device": args.device, "dtype": args.dtype}
+    from halwatch.detectors import shipped_artifacts
+
+    # a shipped artifact goes to the actors by name (each has the package); a file's contents go with them
+    detector = args.detector if args.detector in shipped_artifacts() and not Path(args.detector).is_file() else artifact
+    stats = score_records([sample_record(s) for s in samples], args.output, detector=detector,
+                          scorer_options=options, progress=True, **_ray_options(args))
+    errors = f"{args.output}.errors.jsonl"
+    if stats["failed"]:
+        write_jsonl(errors, stats["failed"])
+        for failure in stats["failed"][:5]:
+            log.warning("failed: %s", failure["error"])
+    else:
+        Path(errors).unlink(missing_ok=True)
+    note(f"scored {stats['scored']} responses on Ray ({stats['skipped']} already in {args.output}), "
+         f"{len(stats['failed'])} failed" + (f" (listed in {errors}; run again to retry them)" if stats["failed"]
+                                             else "") + f" -> {args.output}")
+    return 1 if stats["failed"] else 0
 
 
 def cmd_score(args) -> int:
@@ -105,6 +169,8 @@ def cmd_score(args) -> int:
     if args.input and not args.output:
         raise InputError("--input needs --output FILE")
     artifact = read_artifact(args.detector)
+    if args.ray is not None:
+        return _score_on_ray(args, artifact)
     scorer = _scorer_from(args, artifact)
     detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     if single:
@@ -255,12 +321,14 @@ def cmd_bench(args) -> int:
     if args.what == "speed":
         from halwatch.eval.speed import run_speed
 
-        run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats)
+        run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
+                  device=args.device, dtype=args.dtype)
         return 0
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
 
-        run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients)
+        run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
+                        device=args.device, dtype=args.dtype)
         return 0
     if args.what == "relevance":
         from halwatch.eval.speed import run_relevance_speed
@@ -273,7 +341,13 @@ def cmd_bench(args) -> int:
 
     if not args.protocol or not args.detectors or not args.datasets:
         raise InputError("halwatch bench needs --protocol, --detectors and --datasets (see --help)")
-    run_bench(_scorer_from(args), args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
+    scorer = _scorer_from(args)
+    if args.ray is not None:
+        from halwatch.scale import ray_signals
+
+        options = _ray_options(args)
+        scorer.remote = lambda samples, request: ray_signals(scorer, samples, request, **options)
+    run_bench(scorer, args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
               probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
               map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]))
     return 0
@@ -286,10 +360,12 @@ def cmd_serve(args) -> int:
     key = api_key_from(args.api_key_env)
     check_bind(args.host, key, args.insecure)
     limits = Limits(max_items=args.max_items, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                    batch_padding=args.batch_padding,
                     batch_wait=args.batch_wait_ms / 1000, queue_size=args.queue_size, timeout=args.timeout)
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
-                    upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch)
+                    upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,
+                    device=args.device, dtype=args.dtype)
     serve(app, args.host, args.port,
           on_started=lambda h, p: note(f"halwatch serve at http://{h}:{p} (page /, API /docs; Ctrl-C or SIGTERM "
                                        f"stops)"))
@@ -338,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", default="1", help="id of the single answer (default 1)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)
+    _add_ray_options(p, "score")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("fit", help="fit a detector on labelled JSONL data and save its artifact")
@@ -441,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve: concurrent clients per level (default 1 8 50)")
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
     _add_scorer_options(p)
+    _add_ray_options(p, "compute the signals not yet cached")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="HTTP scoring service: /v1/score, a guard proxy in front of an LLM, a web page",
@@ -458,14 +536,20 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "POST /v1/chat/completions is forwarded and its answer scored")
     p.add_argument("--upstream-key-env", metavar="VAR", help="the upstream's API key, from this environment variable")
     p.add_argument("--max-items", type=int, default=64, help="items per /v1/score request (default 64)")
-    p.add_argument("--batch-size", type=int, default=8, help="answers per forward batch (default 8)")
+    p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
+                   help="answers per forward batch (default auto: 1 on a CPU, where batching gains nothing, 8 on a "
+                        "GPU)")
     p.add_argument("--batch-tokens", type=int, default=8192,
                    help="padded tokens per forward batch (answers x longest; default 8192)")
+    p.add_argument("--batch-padding", type=float, default=0.1,
+                   help="largest share of a batch's positions that may be padding: answers of similar length are "
+                        "batched together (default 0.1; 1 batches any lengths)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long the batcher waits for more answers to join a batch (default 5 ms)")
     p.add_argument("--watch-store", metavar="STORE", help="an explored HalMit store for POST /v1/watch/check")
     p.add_argument("--watch-target", default="local:smollm2-135m", help="the watched agent's LLM (default "
                                                                         "local:smollm2-135m)")
+    add_device_options(p)
     p.set_defaults(func=cmd_serve)
 
     from halwatch.watchdog.cli import add_parser as add_watch

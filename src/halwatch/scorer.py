@@ -15,16 +15,23 @@ from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, TokenView, encode
 
 log = logging.getLogger("halwatch")
 
+#: Padded tokens per forward pass when the batch size is chosen by a token budget (``batch_size=None``).
+BATCH_TOKENS = {"cpu": 2048, "mps": 8192, "cuda": 32768}
+
 
 class Scorer:
     """Runs the scoring model over ``prompt + response`` (teacher forcing) and returns the signals asked for.
 
     ``cache``: ``True`` for ``$HALWATCH_HOME/signals``, a folder, or ``None``/``False`` for no cache.
-    The model is loaded on first use.
+    ``device`` and ``dtype`` (:func:`halwatch.models.loader.load_model`) apply when the model is loaded here.
+    ``batch_size``: answers per forward pass, or ``None``: as many as fit ``batch_tokens`` padded tokens
+    (answers are sorted by length first, so a batch pads little). The model is loaded on first use.
     """
 
     def __init__(self, model: str | ScoringModel = registry.DEFAULT_MODEL, input_mode: str = "raw",
-                 max_tokens: int = DEFAULT_MAX_TOKENS, cache: bool | str | Path | None = True, batch_size: int = 1):
+                 max_tokens: int = DEFAULT_MAX_TOKENS, cache: bool | str | Path | None = True,
+                 batch_size: int | None = 1, device: str = "auto", dtype: str = "auto",
+                 batch_tokens: int | None = None):
         if input_mode not in INPUT_MODES:
             raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
         if max_tokens < 8:
@@ -33,27 +40,33 @@ class Scorer:
         self.model_name = model.name if isinstance(model, ScoringModel) else model
         self.input_mode = input_mode
         self.max_tokens = max_tokens
-        self.batch_size = max(1, batch_size)
+        self.batch_size = None if batch_size is None else max(1, batch_size)
+        self.batch_tokens = batch_tokens
+        self.device, self.dtype = device, dtype
+        #: ``remote(samples, request) -> signals``: where uncached signals are computed instead of this process
+        #: (:func:`halwatch.scale.ray_signals` for ``--ray``); they are cached here all the same.
+        self.remote = None
         if cache is True:
             cache = registry.home() / "signals"
         self.cache = SignalCache(Path(cache)) if cache else None
 
     @classmethod
     def from_options(cls, model: str | ScoringModel | None = None, input_mode: str | None = None,
-                     max_tokens: int | None = None, cache: bool | str | Path | None = True, batch_size: int = 1,
-                     identity: dict | None = None) -> "Scorer":
+                     max_tokens: int | None = None, cache: bool | str | Path | None = True,
+                     batch_size: int | None = 1, identity: dict | None = None, device: str = "auto",
+                     dtype: str = "auto") -> "Scorer":
         """A scorer from optional choices (a command line's), each falling back to an artifact's ``identity``
         (scoring model, input mode, token cap), then to the defaults."""
         identity = identity or {}
         return cls(model=model or identity.get("scoring_model", registry.DEFAULT_MODEL),
                    input_mode=input_mode or identity.get("input_mode", "raw"),
                    max_tokens=max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
-                   cache=cache, batch_size=batch_size)
+                   cache=cache, batch_size=batch_size, device=device, dtype=dtype)
 
     @property
     def model(self) -> ScoringModel:
         if self._model is None:
-            self._model = load_model(self.model_name)
+            self._model = load_model(self.model_name, device=self.device, dtype=self.dtype)
             self.model_name = self._model.name
         return self._model
 
@@ -64,6 +77,7 @@ class Scorer:
             "weights_sha256": self.model.weights_hash,
             "input_mode": self.input_mode,
             "max_tokens": self.max_tokens,
+            "dtype": self.model.dtype,
         }
 
     def encode(self, sample: Sample) -> TokenView:
@@ -81,7 +95,7 @@ class Scorer:
 
     def _key(self, view: TokenView, request: SignalRequest) -> str:
         return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
-                          request, n_header=view.n_header)
+                          request, n_header=view.n_header, dtype=self.model.dtype)
 
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
         """One batch: the forward pass (when the request asks for anything from it), then any sampled answers and
@@ -99,6 +113,22 @@ class Scorer:
         if request.extra is not None:
             for sig, values in zip(out, request.extra.compute(self, views)):
                 sig.extra = values
+        return out
+
+    def batches(self, lengths: list[int]) -> list[list[int]]:
+        """Consecutive batches of indices into ``lengths`` (token counts, sorted ascending): ``batch_size`` at a
+        time, or with ``batch_size=None`` as many as fit the token budget (answers x longest; by default
+        :data:`BATCH_TOKENS` of the model's device kind)."""
+        if self.batch_size is not None:
+            return [list(range(i, min(i + self.batch_size, len(lengths))))
+                    for i in range(0, len(lengths), self.batch_size)]
+        budget = self.batch_tokens or BATCH_TOKENS.get(self.model.device.type, BATCH_TOKENS["cpu"])
+        out: list[list[int]] = []
+        for i, n in enumerate(lengths):
+            if out and n * (len(out[-1]) + 1) <= budget:
+                out[-1].append(i)
+            else:
+                out.append([i])
         return out
 
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
@@ -122,12 +152,20 @@ class Scorer:
             if results[i] is None:
                 todo.append(i)
         todo.sort(key=lambda i: len(views[i].input_ids))
+
+        def keep(i: int, sig: Signals) -> None:
+            results[i] = sig
+            if self.cache is not None:
+                self.cache.put(keys[i], sig)
+
+        if todo and self.remote is not None:
+            for i, sig in zip(todo, self.remote([samples[i] for i in todo], request)):
+                keep(i, sig)
+            todo = []
         with progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample") as bar:
-            for start in range(0, len(todo), self.batch_size):
-                batch = todo[start : start + self.batch_size]
+            for batch in self.batches([len(views[i].input_ids) for i in todo]):
+                batch = [todo[j] for j in batch]
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
-                    results[i] = sig
-                    if self.cache is not None:
-                        self.cache.put(keys[i], sig)
+                    keep(i, sig)
                 bar.update(len(batch))
         return results

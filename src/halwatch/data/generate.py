@@ -70,8 +70,9 @@ def generate_answer(scoring_model, prompt: str, input_mode: str, max_new_tokens:
     tok = scoring_model.tokenizer
     ids = _prompt_ids(tok, prompt, input_mode)
     with torch.inference_mode():
-        out = scoring_model.model.generate(torch.tensor([ids]),
-                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        device = scoring_model.device
+        out = scoring_model.model.generate(torch.tensor([ids], device=device),
+                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
                                            max_new_tokens=max_new_tokens, do_sample=False,
                                            pad_token_id=tok.pad_token_id or tok.eos_token_id)
     text = tok.decode(out[0, len(ids):], skip_special_tokens=True).strip()

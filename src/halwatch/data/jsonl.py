@@ -67,6 +67,14 @@ def sample_from_record(record, where: str, prompts_only: bool = False) -> Sample
         raise InputError(exc.problem, where) from None
 
 
+def sample_record(sample: Sample) -> dict:
+    """A sample as a record of this format that reads back to the same prompt, context span and response."""
+    record = {"id": sample.id, "prompt": sample.prompt, "response": sample.response}
+    if sample.context_span is not None:
+        record["context_span"] = list(sample.context_span)
+    return record
+
+
 def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False) -> list[Sample]:
     """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
     ``skip_invalid`` is reported through ``on_skip(error)`` and skipped. ``prompts_only``: records need no

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -36,6 +37,7 @@ from halwatch.signals import reducers
 from halwatch.tokens import TokenView
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
+log = logging.getLogger("halwatch")
 
 
 def fold_indices(labels, most: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -284,7 +286,7 @@ class Detector:
         det.calibrator = Calibrator.from_dict(d["calibration"])
         det.threshold = d["threshold"]
         det.token_threshold = d.get("token_threshold")
-        det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens",
+        det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype",
                                           "signal_versions") if k in d}
         stale = {name: v for name, v in det.identity.get("signal_versions", {}).items()
                  if reducers.REDUCERS.get(name) is None or reducers.REDUCERS[name].version != v}
@@ -302,4 +304,8 @@ class Detector:
                         f"detector was fitted with {key}={det.identity[key]} ({det.identity['scoring_model']}), "
                         f"but the scorer has {key}={mine[key]}: fit it again for this setting (`halwatch fit`)"
                     )
+            fitted = det.identity.get("dtype", "float32")  # artifacts from before the choice were float32
+            if mine["dtype"] != fitted:
+                log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ "
+                            "slightly from the fitted model's", d["detector"], fitted, mine["dtype"])
         return det

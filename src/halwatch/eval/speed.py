@@ -17,13 +17,23 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so that a GPU's asynchronous kernels are timed, not only launched."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _timed(fn, repeats: int, warm_up: bool = True) -> float:
     if warm_up:
         fn()
     times = []
     for _ in range(repeats):
+        _sync()
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -106,7 +116,30 @@ def speed_samples(lengths):
                       context_span=(start, start + len(passages))) for n in lengths}
 
 
-def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print) -> dict:
+def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
+    """Answers per second of the detector's whole scoring path (signals, score, spans) on ``n`` real RAGTruth test
+    answers (a seeded sample), one at a time and in batches of similar length (the scorer's token budget)."""
+    import random
+
+    from halwatch.data.ragtruth import read_ragtruth
+
+    samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
+    scorer = detector._scorer()
+    views = [scorer.encode(s) for s in samples]
+    out = {}
+    for label, size in (("one_at_a_time", 1), ("batched", None)):
+        scorer.batch_size = size
+        detector.verdicts(views[:2], scorer.signals(samples[:2], detector.request(), views=views[:2]))  # warm
+        _sync()
+        t0 = time.perf_counter()
+        detector.verdicts(views, scorer.signals(samples, detector.request(), views=views))
+        _sync()
+        out[label] = n / (time.perf_counter() - t0)
+    return out
+
+
+def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print,
+              device: str = "auto", dtype: str = "auto", answers: int = 32) -> dict:
     import logging
 
     import torch
@@ -117,15 +150,17 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
+    shared = load_model(model, device=device, dtype=dtype)
+    where = f"{shared.device}, {shared.dtype}"
+    if shared.device.type == "cuda":
+        where += f", {torch.cuda.get_device_name(shared.device)}"
     t_import, t_first, t_again = _load_seconds(model)
-    out(f"model {model} ({torch.get_num_threads()} threads): import torch+transformers {t_import:.2f} s; "
-        f"load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
+    out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
+        f"{t_import:.2f} s; load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
         f"{t_again:.2f} s once those are imported")
     samples = speed_samples(lengths)
-    results = {"model": model, "import_s": t_import, "load_s": t_first, "reload_s": t_again,
-               "threads": torch.get_num_threads(),
-               "lengths": {}}
-    shared = load_model(model)
+    results = {"model": model, "device": where, "import_s": t_import, "load_s": t_first, "reload_s": t_again,
+               "threads": torch.get_num_threads(), "lengths": {}}
     scorers = {n: Scorer(model=shared, max_tokens=n, cache=None) for n in lengths}
     for n in lengths:  # our paths first, for all lengths, so that their peak memory is not the eager runs'
         scorer = scorers[n]
@@ -147,7 +182,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
 
         def hf_forward():
             with torch.inference_mode():
-                shared.model(input_ids=torch.tensor([view.input_ids]), use_cache=False)
+                shared.model(input_ids=torch.tensor([view.input_ids], device=shared.device), use_cache=False)
 
         row["hf_s"] = _timed(hf_forward, repeats)
         row["default_s"] = _timed(lambda: default.verdicts([view], forward.run(shared, [view], default.request())),
@@ -160,7 +195,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         row = results["lengths"][n]
         sm = scorers[n].model
         view = row.pop("view")
-        ids = torch.tensor([view.input_ids])
+        ids = torch.tensor([view.input_ids], device=sm.device)
         if n == max(lengths):
             rows = forward.run(sm, [view], SignalRequest(heads=tuple(heads), keep_attention=True))[0].attention
             results["ripser"] = ripser_comparison(rows, view.n_prompt, out)
@@ -179,8 +214,16 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
             f"{row['toha_s'] / row['plain_s']:>9.2f}x {row['default_s']:>8.2f}s "
             f"{row['default_s'] / row['hf_s']:>9.2f}x {row['eager_s']:>15.2f}s")
     results["peak_rss_mb_ours"] = peak_ours
+    if answers:
+        results["answers_per_s"] = answers_per_second(default, answers)
+        rates = results["answers_per_s"]
+        out(f"default detector on {answers} RAGTruth test answers: {rates['one_at_a_time']:.2f} answers/s one at a "
+            f"time, {rates['batched']:.2f} answers/s in batches of similar length (--batch-size auto)")
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
+    if shared.device.type == "cuda":
+        results["peak_gpu_mb"] = torch.cuda.max_memory_allocated(shared.device) / 2**20
+        out(f"peak GPU memory allocated: {results['peak_gpu_mb']:.0f} MB")
     out("plain: SDPA forward, one logit; HF fwd: model(input_ids) as transformers runs it (SDPA, the logits of every "
         "position); +stats: response log-probs and entropies; +capture all heads: also the response-token "
         "attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA artifact's heads; "

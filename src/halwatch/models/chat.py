@@ -126,7 +126,7 @@ def complete_chat(scoring_model, messages: list[dict], n: int = 1, temperature: 
 
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+        out = model(input_ids=torch.tensor([ids], device=scoring_model.device), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         drawn = draw_tokens(model, tok, cache, out.logits[:, -1].float().repeat(n, 1), max_tokens, "chat",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from halwatch.errors import ModelError
 from halwatch.models import relevance as lrp
 from halwatch.models.masking import masked_scores
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
@@ -215,6 +216,7 @@ class _Capture:
         self.rows: list[dict] = [{} for _ in views]
         self.reduced: list[dict[str, list]] = [{} for _ in views]  # per reducer: outputs of layers, in order
         self.partial: list[dict[str, list]] = [{} for _ in views]  # per reducer with ``finish``: waiting partials
+        self.seen: set[int] = set()  # layers whose rows were captured
 
     def first_row(self, b: int) -> int:
         """Rows begin at the last prompt token (the query that generates the first response token), or at 0."""
@@ -227,6 +229,7 @@ class _Capture:
         heads = self.by_layer.get(layer)
         if not heads:
             return
+        self.seen.add(layer)
         groups = query.shape[1] // key.shape[1]
         h_idx = torch.tensor(heads, device=query.device)
         q_sel = query.index_select(1, h_idx)
@@ -290,13 +293,23 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                                   **kwargs)
 
 
+def architecture(model) -> str:
+    return f"{type(model).__name__} (model_type {getattr(model.config, 'model_type', '?')!r})"
+
+
 def install(model) -> None:
-    """Switch ``model`` to the capturing attention (numerically the same as SDPA when nothing is captured)."""
+    """Switch ``model`` to the capturing attention (numerically the same as SDPA when nothing is captured), or
+    refuse an architecture that does not run its attention through transformers' attention interface."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    if not getattr(model, "_supports_attention_backend", False):
+        raise ModelError(f"{architecture(model)}: halwatch cannot capture this architecture's attention (it does not "
+                         f"run attention through transformers' attention interface), so detectors that read "
+                         f"attention or relevance cannot use it; those that read token statistics or hidden states "
+                         f"(perplexity, entropy, linear-probe, length) can")
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
@@ -318,7 +331,9 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     import torch
 
     model = scoring_model.model
-    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+    rel = request.relevance
+    installed = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    if (request.heads or rel is not None) and not installed:  # plain passes run in the model's own attention
         install(model)
     cache, offset = past if past is not None else (None, 0)
     if offset and (offset >= min(v.n_prompt for v in views) or request.attention_from == "all"):
@@ -331,7 +346,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     for b, v in enumerate(views):
         ids[b, : lengths[b] - offset] = torch.tensor(v.input_ids[offset:])
         mask[b, : lengths[b]] = 1
-    rel = request.relevance
+    device = scoring_model.device
+    ids, mask = ids.to(device), mask.to(device)
     if rel is not None and cache is not None:
         raise ValueError("relevance needs the whole input in the pass, not a cached prefix")
     # logits only where they are used: the positions that predict response tokens
@@ -358,6 +374,11 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             _ACTIVE.reset(token)
             if cache is not None:
                 crop_cache(cache, offset)
+        if capture is not None and capture.seen != set(capture.by_layer):
+            missing = sorted(set(capture.by_layer) - capture.seen)
+            raise ModelError(f"{architecture(model)}: the attention of layer(s) {missing} was not captured (its "
+                             f"attention modules do not name their layer): halwatch cannot read this architecture's "
+                             f"attention")
         if rel is not None:
             values, index = lrp.targets(out.logits, views, longest - keep, rel.target)
             by_seed = lrp.backward_relevance(embeds, values, views, rel.rows)
@@ -370,9 +391,9 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             first = longest - keep  # absolute position of out.logits[:, 0]
             logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].detach().float()
             logp = torch.log_softmax(logits, dim=-1)
-            target = torch.tensor(v.input_ids[v.n_prompt :])
-            sig.logprobs = logp.gather(1, target[:, None])[:, 0].numpy().astype(np.float32)
-            sig.entropy = (-(logp.exp() * logp).sum(-1)).numpy().astype(np.float32)
+            target = torch.tensor(v.input_ids[v.n_prompt :], device=device)
+            sig.logprobs = logp.gather(1, target[:, None])[:, 0].cpu().numpy().astype(np.float32)
+            sig.entropy = (-(logp.exp() * logp).sum(-1)).cpu().numpy().astype(np.float32)
         def response_hidden(i):
             return out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].detach().float()
 
@@ -390,7 +411,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             sig.relevance = {
                 "mean": by_seed[b][0].astype(np.float32),
                 "response": (row_sums[b] / v.n_prompt).astype(np.float32),
-                "logits": values[b, : v.n_response].detach().float().numpy(),
+                "logits": values[b, : v.n_response].detach().float().cpu().numpy(),
             }
             if rel.rows:
                 sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)

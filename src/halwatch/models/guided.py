@@ -81,10 +81,12 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
     scores: list[float] = []
     started = ended = False
     with torch.inference_mode():
-        cache = model(input_ids=torch.tensor([prompt_ids[:-1]]), use_cache=True, logits_to_keep=1).past_key_values
+        device = scoring_model.device
+        cache = model(input_ids=torch.tensor([prompt_ids[:-1]], device=device), use_cache=True,
+                      logits_to_keep=1).past_key_values
         cache.batch_repeat_interleave(n)
         while len(response) < max_new_tokens:
-            step_ids = torch.tensor([[prompt_ids[-1], *response]] * n)
+            step_ids = torch.tensor([[prompt_ids[-1], *response]] * n, device=device)
             logits = model(input_ids=step_ids, past_key_values=cache, use_cache=True,
                            logits_to_keep=1).logits[:, -1].float()
             drawn = draw_tokens(model, tok, cache, logits, min(chunk, max_new_tokens - len(response)), input_mode,

@@ -14,15 +14,77 @@ from halwatch.models import registry
 log = logging.getLogger("halwatch")
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_device_options(parser) -> None:
+    """``--device`` and ``--dtype`` on a command that loads a model (:func:`load_model`'s choices)."""
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]|mps",
+                        help="where the model runs (default auto: the GPU where there is one, else the CPU)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="the model's precision (default auto: float32 on a CPU, bfloat16 on a GPU that has "
+                             "it, else float16)")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto``: the first CUDA GPU, else Apple's MPS, else the CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` are
+    checked against what this machine has."""
+    import torch
+
+    device = (device or "auto").strip().lower()
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        mps = getattr(torch.backends, "mps", None)
+        return "mps" if mps is not None and mps.is_available() else "cpu"
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ModelError(f"unknown device {device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"device {device!r}: this machine has no CUDA GPU that torch can use "
+                             f"(torch {torch.__version__}); use --device cpu or auto")
+        n = int(index or 0)
+        if n >= torch.cuda.device_count():
+            raise ModelError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+        return f"cuda:{n}"
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelError("device 'mps': Apple's MPS backend is not available here; use --device cpu or auto")
+    return kind
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto``: float32 on the CPU, bfloat16 on a GPU that supports it (else float16), float16 on MPS."""
+    import torch
+
+    dtype = (dtype or "auto").strip().lower()
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}: choose {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float16" if device == "mps" else "float32"
+
+
 @dataclass
 class ScoringModel:
-    """A causal LM and its tokenizer, with a stable identity (name + weights hash) for caches and artifacts."""
+    """A causal LM and its tokenizer, with a stable identity (name + weights hash) for caches and artifacts, on
+    ``device`` in ``dtype`` (float32 unless asked otherwise)."""
 
     name: str
     path: str
     weights_hash: str
     model: object
     tokenizer: object
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     @property
     def n_layers(self) -> int:
@@ -65,7 +127,7 @@ def _folder_hash(folder: Path) -> str:
     return value
 
 
-def _from_folder(folder: Path, name: str, weights_hash: str) -> ScoringModel:
+def _from_folder(folder: Path, name: str, weights_hash: str, device: str, dtype: str) -> ScoringModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -73,7 +135,7 @@ def _from_folder(folder: Path, name: str, weights_hash: str) -> ScoringModel:
     hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device)
     except Exception as exc:  # transformers raises many kinds; the user needs the reason in one line
         raise ModelError(f"cannot load a causal LM from {folder}: {exc}") from exc
     if not getattr(tokenizer, "is_fast", False):
@@ -82,12 +144,17 @@ def _from_folder(folder: Path, name: str, weights_hash: str) -> ScoringModel:
     return ScoringModel(name=name, path=str(folder), weights_hash=weights_hash, model=model, tokenizer=tokenizer)
 
 
-def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = True) -> ScoringModel:
+def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = True, device: str = "auto",
+               dtype: str = "auto") -> ScoringModel:
     """Load a scoring model.
 
     ``name_or_path`` is a registered name (``smollm2-135m``, ...: pulled into the cache on first use when
     ``pull_missing``), a local folder holding a Hugging Face causal LM, or a hub id where a hub is reachable.
+    ``device``: ``auto`` (a GPU where there is one, else the CPU), ``cpu``, ``cuda[:N]`` or ``mps``; ``dtype``:
+    ``float32``, ``bfloat16``, ``float16`` or ``auto`` (:func:`resolve_dtype`).
     """
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     if name_or_path in registry.MODELS:
         if not registry.is_pulled(name_or_path):
             if not pull_missing:
@@ -95,12 +162,12 @@ def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = 
             registry.pull(name_or_path, log=lambda msg: log.warning("%s", msg))
         folder = registry.model_dir(name_or_path)
         manifest = json.loads((folder / registry.MANIFEST).read_text())
-        return _from_folder(folder, name_or_path, manifest["weights_sha256"])
+        return _from_folder(folder, name_or_path, manifest["weights_sha256"], device, dtype)
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ModelError(f"{folder} is a folder but holds no config.json: not a Hugging Face model folder")
-        return _from_folder(folder, str(folder.resolve()), _folder_hash(folder))
+        return _from_folder(folder, str(folder.resolve()), _folder_hash(folder), device, dtype)
     if folder.suffix or os.sep in name_or_path and not name_or_path.count("/") == 1:
         raise ModelError(f"unknown model {name_or_path!r}: no such folder, and not a registered name "
                          f"({', '.join(registry.MODELS)})")
@@ -113,4 +180,4 @@ def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = 
             f"unknown model {name_or_path!r}: not a registered name ({', '.join(registry.MODELS)}), "
             f"not a local folder, and not loadable from the Hugging Face hub ({type(exc).__name__})"
         ) from exc
-    return _from_folder(snapshot, name_or_path, _folder_hash(snapshot))
+    return _from_folder(snapshot, name_or_path, _folder_hash(snapshot), device, dtype)

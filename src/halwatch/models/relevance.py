@@ -284,7 +284,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, **kwargs)
     n_q, n_k = scores.shape[-2:]
     mask = None if attention_mask is None else attention_mask[..., :n_k]
     scores = masked_scores(scores, mask, n_k - n_q)
-    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    # a padding query of a batch may see no key at all (a sliding window that ends before its answer does): its row
+    # is zero, not the NaN of a softmax over nothing, which would reach the real rows through 0 * NaN
+    dead = torch.isneginf(scores).all(-1, keepdim=True)
+    probs = torch.softmax(scores.masked_fill(dead, 0.0).float(), dim=-1).masked_fill(dead, 0.0).to(value.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous()
 
 
@@ -294,11 +297,11 @@ def targets(logits, views, first: int, target: str):
 
     n_max = max(v.n_response for v in views)
     values = logits.new_zeros((len(views), n_max))
-    index = torch.zeros((len(views), n_max), dtype=torch.long)
+    index = torch.zeros((len(views), n_max), dtype=torch.long, device=logits.device)
     for b, v in enumerate(views):
         rows = logits[b, v.n_prompt - 1 - first : v.n_prompt - 1 - first + v.n_response]
         if target == "token":
-            idx = torch.tensor(v.input_ids[v.n_prompt :], dtype=torch.long)
+            idx = torch.tensor(v.input_ids[v.n_prompt :], dtype=torch.long, device=logits.device)
         else:
             idx = rows.detach().argmax(-1)
         index[b, : v.n_response] = idx
@@ -327,9 +330,9 @@ def backward_relevance(embeds, values, views, rows: int, batched: bool | None = 
 
     per_view = [seeds(v.n_response, rows) for v in views]
     n_seeds = max(len(s) for s in per_view)
-    grads_out = torch.zeros((n_seeds, *values.shape), dtype=values.dtype)
+    grads_out = torch.zeros((n_seeds, *values.shape), dtype=values.dtype, device=values.device)
     for b, s in enumerate(per_view):
-        grads_out[: len(s), b, : s.shape[1]] = torch.from_numpy(s).to(values.dtype)
+        grads_out[: len(s), b, : s.shape[1]] = torch.from_numpy(s).to(values.device, values.dtype)
     inputs = embeds.detach()
     # one vmapped backward pass per chunk of seeds on an accelerator; on a CPU a loop of plain passes is faster
     if batched is None:
@@ -346,7 +349,7 @@ def backward_relevance(embeds, values, views, rows: int, batched: bool | None = 
             (grad,) = torch.autograd.grad(values, embeds, grad_outputs=seed, is_grads_batched=True,
                                           retain_graph=not last)
         parts.append((grad * inputs).sum(-1).float())
-    relevance = torch.cat(parts).numpy()  # [n_seeds, B, N]
+    relevance = torch.cat(parts).cpu().numpy()  # [n_seeds, B, N]
     return [relevance[: len(s), b, : len(v.input_ids)] for b, (s, v) in enumerate(zip(per_view, views))]
 
 
@@ -366,5 +369,5 @@ def prompt_row_sums(model, embeds, mask, views, first: int, keep: int, index) ->
         sums = []
         for b, v in enumerate(views):
             rows = dlogits[b, v.n_prompt - 1 - first : v.n_prompt - 1 - first + v.n_response]
-            sums.append(rows.gather(1, index[b, : v.n_response, None])[:, 0].float().numpy())
+            sums.append(rows.gather(1, index[b, : v.n_response, None])[:, 0].float().cpu().numpy())
     return sums

@@ -73,7 +73,8 @@ def _draw_probs(logits, stop_mask, started, temperature: float, top_p: float):
     import torch
 
     if not started.all():
-        logits = logits.masked_fill(torch.from_numpy(~started)[:, None] & stop_mask[None, :], float("-inf"))
+        rows = torch.from_numpy(~started).to(logits.device)
+        logits = logits.masked_fill(rows[:, None] & stop_mask[None, :], float("-inf"))
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1:
         sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -110,14 +111,15 @@ def draw_tokens(model, tokenizer, cache, logits, steps: int, input_mode: str, ge
     logprob = np.zeros(n)
     done = np.zeros(n, dtype=bool)
     started = np.zeros(n, dtype=bool) if started is None else np.array(started, dtype=bool)
-    stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    stop_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
     stop_mask[sorted(stop)] = True
     for _ in range(steps):
         if cancel is not None and cancel.is_set():
             break
         logp = torch.log_softmax(logits, dim=-1)
         probs = _draw_probs(logits, stop_mask, started, temperature, top_p)
-        nxt = probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=gen)[:, 0]
+        # drawn on the CPU with the seeded CPU generator, so that a seed gives the same answers on every device
+        nxt = probs.argmax(-1) if greedy else torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(probs.device)
         fed = []
         best = logp.topk(top_logprobs, dim=-1) if top_logprobs else None
         for b in np.flatnonzero(~done):
@@ -167,8 +169,8 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
     n, mid = request.n, scoring_model.n_layers // 2
     gen = torch.Generator().manual_seed(request.seed)
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([view.input_ids[: view.n_prompt]]), use_cache=True,
-                    output_hidden_states=True, logits_to_keep=1)
+        prompt = torch.tensor([view.input_ids[: view.n_prompt]], device=scoring_model.device)
+        out = model(input_ids=prompt, use_cache=True, output_hidden_states=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         embedding = out.hidden_states[mid][:, -1].float().repeat(n, 1)
@@ -183,7 +185,7 @@ def sample_answers(scoring_model, view: TokenView, request: SamplingRequest, inp
     return {"texts": np.array([answer_text(tok, t, input_mode) for t in tokens], dtype=str),
             "logprob": drawn["logprob"].astype(np.float32),
             "length": np.array([max(1, len(t)) for t in tokens], dtype=np.int32),
-            "embedding": embedding.numpy().astype(np.float32), "response": np.array(response, dtype=str)}
+            "embedding": embedding.cpu().numpy().astype(np.float32), "response": np.array(response, dtype=str)}
 
 
 def _yes_no_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -215,10 +217,11 @@ def yes_probability(scoring_model, prompts: list[str], input_mode: str, batch_si
             ids[row, longest - len(encoded[i]):] = torch.tensor(encoded[i])
             mask[row, longest - len(encoded[i]):] = 1
         with torch.inference_mode():
+            ids, mask = ids.to(scoring_model.device), mask.to(scoring_model.device)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                            logits_to_keep=1, use_cache=False).logits[:, -1].float()
         logp = torch.log_softmax(logits, dim=-1)
         p_yes = torch.logsumexp(logp[:, yes], -1)
         p_no = torch.logsumexp(logp[:, no], -1)
-        out[batch] = torch.sigmoid(p_yes - p_no).numpy()
+        out[batch] = torch.sigmoid(p_yes - p_no).cpu().numpy()
     return out

@@ -65,27 +65,30 @@ def _in_process(detector, items: list[dict], batch_size: int) -> float:
 
 
 def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), batch_sizes=(1, 4, 8),
-                    seed: int = 0, out=print) -> dict:
+                    seed: int = 0, out=print, device: str = "auto", dtype: str = "auto") -> dict:
     import logging
 
-    from halwatch.detectors import load_detector
+    from halwatch.detectors import load_detector, read_artifact
+    from halwatch.scorer import Scorer
     from halwatch.serve.common import Running
     from halwatch.serve.scoring import Limits, build_app
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-context warnings are expected here
     items = _answers(n, seed)
-    det = load_detector(detector)
-    det._scorer().cache = None
+    det = load_detector(detector, scorer=Scorer.from_options(identity=read_artifact(detector), cache=None,
+                                                             device=device, dtype=dtype))
     model = det._scorer().model
     _in_process(det, items[:4], 1)  # warm up
     result = {"detector": detector, "n": n, "in_process": {}, "batched": [], "one_at_a_time": []}
     for b in batch_sizes:
         result["in_process"][b] = _in_process(det, items, b)
         out(f"in process, batch {b}: {result['in_process'][b]:.2f} answers/s")
-    servers = {"batched": Limits(batch_size=max(batch_sizes), queue_size=4 * n),
-               "one_at_a_time": Limits(batch_size=1, batch_wait=0.0, queue_size=4 * n)}
+    servers = {"batched": Limits(queue_size=4 * n, timeout=3600),
+               "one_at_a_time": Limits(batch_size=1, batch_wait=0.0, queue_size=4 * n, timeout=3600)}
     for name, limits in servers.items():
-        running = Running(build_app([detector], limits=limits, models={model.name: model}))
+        app = build_app([detector], limits=limits, models={model.name: model})
+        running = Running(app)
+        result[f"{name}_batch_size"] = app.state.service.batch_size
         try:
             for clients in levels:
                 row = asyncio.run(_level(running.url, items, clients))
@@ -108,7 +111,8 @@ def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), 
     for b, per_s in result["in_process"].items():
         out(f"| `halwatch score --input`, batch {b} | - | {per_s:.2f} | - | - | - |")
     for name in ("batched", "one_at_a_time"):
-        label = "halwatch serve" if name == "batched" else "one request at a time (lock)"
+        label = (f"halwatch serve (batch size auto: {result['batched_batch_size']} on {model.device.type})"
+                 if name == "batched" else "one request at a time (lock)")
         for r in result[name]:
             out(f"| {label} | {r['clients']} | {r['per_s']:.2f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['errors']} |")
     c = result["checks"]

@@ -101,8 +101,10 @@ def _logprobs(choice, top: int) -> dict:
 class ChatServer:
     """The routes of one local model. ``scoring_model``: a loaded model, or the name or folder to load at start."""
 
-    def __init__(self, model, queue_size: int = 16, timeout: float = 300.0):
+    def __init__(self, model, queue_size: int = 16, timeout: float = 300.0, device: str = "auto",
+                 dtype: str = "auto"):
         self.model_spec, self.scoring_model = model, None if isinstance(model, str) else model
+        self.device, self.dtype = device, dtype
         self.worker = Worker(queue_size)
         self.timeout = timeout
 
@@ -114,7 +116,7 @@ class ChatServer:
         if self.scoring_model is None:
             from halwatch.models.loader import load_model
 
-            self.scoring_model = load_model(self.model_spec)
+            self.scoring_model = load_model(self.model_spec, device=self.device, dtype=self.dtype)
 
     def _check(self, request: ChatRequest) -> None:
         """Refuse what can be refused before the model runs: another model's name (404), a chat with no text or
@@ -236,14 +238,14 @@ async def _watch_disconnect(http_request, cancel: threading.Event, every: float 
 
 
 def build_app(model, api_key: str | None = None, queue_size: int = 16, timeout: float = 300.0,
-              max_body_bytes: int = 1 << 20):
+              max_body_bytes: int = 1 << 20, device: str = "auto", dtype: str = "auto"):
     """The serve-llm app: ``model`` is a loaded :class:`~halwatch.models.loader.ScoringModel` or a name/folder
-    loaded at start-up (the server is ready once it is)."""
+    loaded at start-up on ``device`` in ``dtype`` (the server is ready once it is)."""
     from contextlib import asynccontextmanager
 
     from prometheus_client import Gauge
 
-    server = ChatServer(model, queue_size, timeout)
+    server = ChatServer(model, queue_size, timeout, device, dtype)
     state = ServerState(name="serve-llm")
 
     @asynccontextmanager

@@ -12,8 +12,9 @@
 - ``GET /``: a web page to try it.
 
 Scoring goes through one worker: requests wait in a bounded queue (429 beyond it); the batcher takes as many queued
-answers as fit a batch (``batch_size`` answers, ``batch_tokens`` padded tokens) or arrive within ``batch_wait``
-seconds, and scores them with one padded forward pass per scoring model off the event loop.
+answers as fit a batch (``batch_size`` answers, ``batch_tokens`` padded tokens, answers of similar length so that
+at most ``batch_padding`` of the positions are padding) or arrive within ``batch_wait`` seconds, and scores them
+with one padded forward pass per scoring model off the event loop.
 """
 
 from __future__ import annotations
@@ -111,11 +112,39 @@ class _Job:
     tokens: int = 0
 
 
+def pick_batch(lengths: list[int], size: int, tokens: int, padding: float) -> list[int]:
+    """Indices (into ``lengths``, token counts of waiting answers in arrival order) of the next batch: the oldest
+    answer, then the others nearest to it in length while the batch holds at most ``size`` answers, at most
+    ``tokens`` padded tokens (answers x longest), and at most a ``padding`` share of padded positions."""
+    first = lengths[0]
+    chosen, longest, total = [0], first, first
+    for i in sorted(range(1, len(lengths)), key=lambda i: (abs(lengths[i] - first), i)):
+        if len(chosen) >= size:
+            break
+        top = max(longest, lengths[i])
+        padded = top * (len(chosen) + 1)
+        if padded > tokens or padded - (total + lengths[i]) > padding * padded:
+            continue
+        chosen.append(i)
+        longest, total = top, total + lengths[i]
+    return sorted(chosen)
+
+
+#: Answers per forward batch when none is given, by the device kind of the scoring model: on a 2-core CPU one
+#: answer's forward pass already keeps both cores busy, so batches only add waiting (``halwatch bench serve``).
+BATCH_SIZE = {"cpu": 1, "cuda": 8, "mps": 8}
+
+
 @dataclass
 class Limits:
+    """The service's limits. ``batch_size``: answers per forward batch, or ``None`` for the device's choice
+    (:data:`BATCH_SIZE`). ``batch_padding``: the largest share of a batch's positions that may be padding (padding
+    is paid in full; 1.0 batches any lengths together)."""
+
     max_items: int = 64
-    batch_size: int = 8
+    batch_size: int | None = None  # None: 1 on a CPU (batching gains nothing there), 8 on a GPU
     batch_tokens: int = 8192
+    batch_padding: float = 0.1
     batch_wait: float = 0.005
     queue_size: int = 256
     timeout: float = 120.0
@@ -125,8 +154,9 @@ class ScoringService:
     """Loaded detectors (by name) and the batching worker that scores their answers."""
 
     def __init__(self, detectors: list[str], limits: Limits | None = None, watch: dict | None = None,
-                 models: dict | None = None):
+                 models: dict | None = None, device: str = "auto", dtype: str = "auto"):
         self.names = list(detectors)
+        self.device, self.dtype = device, dtype
         self.models = models or {}  # already loaded scoring models, by name
         self.limits = limits or Limits()
         self.detectors: dict[str, object] = {}
@@ -134,6 +164,7 @@ class ScoringService:
         self.queue: asyncio.Queue | None = None
         self.watch = watch
         self.batch_sizes: list[int] = []
+        self.batch_size = self.limits.batch_size or 1  # resolved by ``load`` when the limits leave it to the device
         self.on_batch = None
 
     @property
@@ -152,9 +183,14 @@ class ScoringService:
             key = (artifact.get("scoring_model"), artifact.get("input_mode"), artifact.get("max_tokens"))
             if key not in scorers:
                 scorers[key] = Scorer.from_options(model=self.models.get(key[0]), identity=artifact, cache=None,
-                                                   batch_size=self.limits.batch_size)
+                                                   device=self.device, dtype=self.dtype)
             self.detectors[name] = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorers[key])
             self.detectors[name]._scorer().model  # load the model now, not on the first request
+        if self.limits.batch_size is None:
+            device = next(iter(scorers.values())).model.device.type
+            self.batch_size = BATCH_SIZE.get(device, 8)
+        for scorer in scorers.values():
+            scorer.batch_size = self.batch_size  # a batch of the batcher is one forward pass
 
     def describe(self) -> list[dict]:
         out = []
@@ -203,32 +239,34 @@ class ScoringService:
             raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
 
     async def batcher(self) -> None:
-        """Take queued answers into batches and score each batch on the model thread, until cancelled."""
+        """Take queued answers into batches and score each batch on the model thread, until cancelled. Answers
+        wait in arrival order; each batch holds the oldest one and the waiting answers nearest to it in length
+        (:func:`pick_batch`), so a batch pads little and no answer waits behind a stream of later ones."""
         loop = asyncio.get_running_loop()
-        carry = None
+        pending: list[_Job] = []
+        limits = self.limits
         while True:
-            first = carry or await self.queue.get()
-            carry = None
-            batch, deadline = [first], loop.time() + self.limits.batch_wait
-            while len(batch) < self.limits.batch_size:
-                try:
-                    job = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        job = await asyncio.wait_for(self.queue.get(), left)
-                    except asyncio.TimeoutError:
-                        break
-                longest = max(j.tokens for j in batch + [job])
-                if longest * (len(batch) + 1) > self.limits.batch_tokens:
-                    carry = job
+            if not pending:
+                pending.append(await self.queue.get())
+            deadline = loop.time() + limits.batch_wait
+            while True:
+                while not self.queue.empty():
+                    pending.append(self.queue.get_nowait())
+                left = deadline - loop.time()
+                if len(pending) >= self.batch_size or left <= 0:
                     break
-                batch.append(job)
-            batch = [j for j in batch if not j.future.done()]  # timed out while waiting
-            if not batch:
+                try:
+                    pending.append(await asyncio.wait_for(self.queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            pending = [j for j in pending if not j.future.done()]  # timed out while waiting
+            if not pending:
                 continue
+            chosen = pick_batch([j.tokens for j in pending], self.batch_size, limits.batch_tokens,
+                                limits.batch_padding)
+            batch = [pending[i] for i in chosen]
+            taken = set(chosen)
+            pending = [j for i, j in enumerate(pending) if i not in taken]
             try:
                 results = await self.worker.run(self.compute, batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
@@ -288,15 +326,16 @@ class WatchQuery(BaseModel):
 
 def build_app(detectors: list[str], api_key: str | None = None, limits: Limits | None = None,
               max_body_bytes: int = 4 << 20, upstream: str | None = None, upstream_key: str | None = None,
-              watch: dict | None = None, models: dict | None = None):
+              watch: dict | None = None, models: dict | None = None, device: str = "auto", dtype: str = "auto"):
     """The service app, loading ``detectors`` (shipped names or artifact files; the first is the default) at
     start-up; ready once they are loaded. ``upstream``: an OpenAI-compatible base URL for the guard proxy.
-    ``models``: scoring models already loaded in this process, by name, to use instead of loading them again."""
+    ``models``: scoring models already loaded in this process, by name, to use instead of loading them again;
+    ``device`` and ``dtype``: where and in which precision the others load."""
     from contextlib import asynccontextmanager
 
     from prometheus_client import Gauge, Histogram
 
-    service = ScoringService(detectors, limits, watch, models)
+    service = ScoringService(detectors, limits, watch, models, device=device, dtype=dtype)
     state = ServerState(name="halwatch serve")
 
     @asynccontextmanager

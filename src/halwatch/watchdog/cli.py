@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from halwatch.models.loader import add_device_options
 from halwatch.progress import note
 from halwatch.serve.common import add_server_options
 from halwatch.watchdog.monitor import EPSILON
@@ -78,6 +79,7 @@ def add_parser(sub) -> None:
                                      "/docs. SIGTERM drains the requests in flight, then stops.")
     ps.add_argument("--model", default="smollm2-135m", help="registry name or Hugging Face folder")
     add_server_options(ps, port=8000)
+    add_device_options(ps)
     p.set_defaults(func=cmd_watch)
 
 
@@ -123,7 +125,7 @@ def cmd_watch(args) -> int:
         key = api_key_from(args.api_key_env)
         check_bind(args.host, key, args.insecure)
         app = build_app(args.model, api_key=key, queue_size=args.queue_size, timeout=args.timeout,
-                        max_body_bytes=args.max_body_bytes)
+                        max_body_bytes=args.max_body_bytes, device=args.device, dtype=args.dtype)
         serve(app, args.host, args.port,
               on_started=lambda h, p: note(f"serving {args.model} at http://{h}:{p}/v1 (Ctrl-C or SIGTERM stops)"))
     return 0

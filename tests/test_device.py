@@ -1,0 +1,74 @@
+"""Device and precision choices (``--device``, ``--dtype``), checked on the CPU: what a machine lacks is refused by
+name, bfloat16 scoring works and is cached apart from float32, and a detector fitted in float32 warns when it scores
+another precision. Batches chosen by a token budget."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from halwatch.detectors import load_detector
+from halwatch.errors import ModelError
+from halwatch.models.forward import whitebox_request
+from halwatch.models.loader import resolve_device, resolve_dtype
+from halwatch.scorer import Scorer
+
+
+def test_devices_and_dtypes_are_checked():
+    assert resolve_device("cpu") == "cpu"
+    if torch.cuda.is_available():
+        assert resolve_device("auto") == "cuda:0" and resolve_dtype("auto", "cuda:0") in ("bfloat16", "float16")
+    for bad in ("tpu", "cuda:x", "cpu:1"):
+        with pytest.raises(ModelError, match=f"unknown device '{bad}'"):
+            resolve_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="no CUDA GPU"):
+            resolve_device("cuda:0")
+        assert resolve_device("auto") in ("cpu", "mps")
+    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    assert resolve_dtype("auto", "mps") == "float16"
+    with pytest.raises(ModelError, match="unknown dtype 'int8'"):
+        resolve_dtype("int8", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_the_command_refuses_a_device_this_machine_lacks():
+    done = subprocess.run([sys.executable, "-m", "halwatch", "score", "--device", "cuda", "--context", "a",
+                           "--question", "b", "--response", "c"], capture_output=True, text=True)
+    assert done.returncode != 0 and "no CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+    bad = subprocess.run([sys.executable, "-m", "halwatch", "score", "--batch-size", "0", "--response", "c"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "must be at least 1" in bad.stderr
+
+
+def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, probe, tmp_path, caplog):
+    samples = sorted(probe, key=lambda s: len(s.response))[:4]
+    half = Scorer(model="smollm2-135m", device="cpu", dtype="bfloat16", cache=tmp_path, max_tokens=512)
+    full = Scorer(model=smol, cache=tmp_path, max_tokens=512)
+    assert half.model.dtype == "bfloat16" and half.model.device.type == "cpu"
+    assert half.identity()["dtype"] == "bfloat16" and full.identity()["dtype"] == "float32"
+    view, request = full.encode(samples[0]), whitebox_request(smol)
+    assert half._key(view, request) != full._key(view, request)
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        det_half = load_detector("default", scorer=half)
+    assert any("fitted on float32 signals and scores bfloat16" in r.getMessage() for r in caplog.records)
+    det_full = load_detector("default", scorer=full)
+    a, b = det_half.score(samples), det_full.score(samples)
+    assert np.all(np.isfinite(a)) and np.max(np.abs(a - b)) < 0.05, (a, b)
+    lp_half = half.signals(samples[:1], request)[0].logprobs
+    lp_full = full.signals(samples[:1], request)[0].logprobs
+    assert 0 < np.max(np.abs(lp_half - lp_full)) < 1.0  # the precision differs, the model does not
+    assert len(list(tmp_path.rglob("*.npz"))) == 2 * len(samples)  # each precision has its own entries
+
+
+def test_batches_by_token_budget(smol):
+    scorer = Scorer(model=smol, batch_size=None, batch_tokens=1000, cache=None)
+    assert scorer.batches([100, 200, 300, 400, 500]) == [[0, 1, 2], [3, 4]]  # 3 x 300 <= 1000 < 4 x 400
+    assert scorer.batches([2000]) == [[0]]  # one answer over the budget still runs, alone
+    scorer.batch_size = 2
+    assert scorer.batches([100, 200, 300, 400, 500]) == [[0, 1], [2, 3], [4]]

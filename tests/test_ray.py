@@ -1,0 +1,144 @@
+"""Scale-out on Ray: a real local Ray cluster (2 CPUs, loopback, its files in a temporary folder), started by the
+module and shut down with it. Ray scoring equals local scoring on real RAGTruth answers; an interrupted run resumes
+without duplicates; a failing record is reported with its id and the others are kept; ``halwatch bench --ray`` fills
+the same signal cache as a local pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+# Ray's single-machine mode, read when ray is imported: the cluster's servers listen on 127.0.0.1 only (and the
+# `halwatch score --ray` commands started here inherit it)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]'; make test installs it)")
+
+from halwatch.data.jsonl import sample_record, write_jsonl  # noqa: E402
+from halwatch.detectors import load_detector  # noqa: E402
+from halwatch.scale import finished_ids, score_records  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The address of a local Ray cluster that this module starts on 127.0.0.1 and stops."""
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                       _temp_dir=str(tmp_path_factory.mktemp("ray")), configure_logging=False)
+    address = context.address_info["gcs_address"]
+    assert address.startswith("127.0.0.1:")
+    yield address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def records(probe):
+    """Eight real RAGTruth answers (the shortest of the probe), as JSONL records."""
+    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:8]
+    return [sample_record(s) for s in short]
+
+
+@pytest.fixture(scope="module")
+def local(records, smol):
+    """The same records scored in this process by the shipped default, as `halwatch score` does."""
+    from halwatch.data.jsonl import sample_from_record
+    from halwatch.scorer import Scorer
+
+    det = load_detector("default", scorer=Scorer(model=smol, cache=None))
+    samples = [sample_from_record(r, "test") for r in records]
+    views = [det._scorer().encode(s) for s in samples]
+    return {r["id"]: r for r in det.verdicts(views, det._scorer().signals(samples, det.request(), views=views))}
+
+
+def _same(got: dict, expected: dict) -> None:
+    assert got["id"] == expected["id"] and got["hallucinated"] == expected["hallucinated"]
+    assert got["score"] == pytest.approx(expected["score"], abs=1e-4)
+    assert [(s["start"], s["end"]) for s in got["spans"]] == [(s["start"], s["end"]) for s in expected["spans"]]
+
+
+def _read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_ray_scores_equal_local_scores_in_input_order(cluster, records, local, tmp_path):
+    out = tmp_path / "out.jsonl"
+    stats = score_records(records, out, address=cluster, actors=2, batch_size=3, progress=False)
+    assert stats == {"scored": len(records), "skipped": 0, "failed": []}
+    got = _read(out)
+    assert [g["id"] for g in got] == [r["id"] for r in records]
+    for g in got:
+        _same(g, local[g["id"]])
+    again = score_records(records, out, address=cluster, progress=False)  # everything is there: nothing to do
+    assert again == {"scored": 0, "skipped": len(records), "failed": []} and len(_read(out)) == len(records)
+
+
+def _command(input_path, output, address, *extra) -> list[str]:
+    return [sys.executable, "-m", "halwatch", "score", "--input", str(input_path), "--output", str(output),
+            "--ray", address, "--ray-batch", "1", *extra]
+
+
+def test_an_interrupted_run_resumes_without_duplicates(cluster, records, local, tmp_path):
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, records)
+    out = tmp_path / "out.jsonl"
+    first = subprocess.Popen(_command(path, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None:
+        if out.exists() and out.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)  # killed mid-run
+    first.wait()
+    partial = finished_ids(out)
+    assert 2 <= len(partial) < len(records), "the run was not interrupted part-way"
+    with open(out, "ab") as f:  # as if it had died in the middle of writing a line
+        f.write(b'{"id": "cut sh')
+    done = subprocess.run(_command(path, out, cluster), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "half-written last line" in done.stderr and f"{len(partial)} already in" in done.stderr
+    got = _read(out)
+    assert [g["id"] for g in got] == [r["id"] for r in records]  # each once, in the input's order
+    for g in got:
+        _same(g, local[g["id"]])
+
+
+def test_a_failing_record_is_reported_with_its_id_and_the_others_kept(cluster, records, tmp_path):
+    """A response longer than the token cap cannot be scored (it is never cut): that record fails on its actor,
+    is named with its id, and every other record is written."""
+    long_answer = {"id": "too-long", "prompt": records[0]["prompt"], "response": "word " * 300}
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, records[:3] + [long_answer] + records[3:5])
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(_command(path, out, cluster, "--max-tokens", "256"), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1
+    assert [g["id"] for g in _read(out)] == [r["id"] for r in records[:5]]
+    errors = _read(f"{out}.errors.jsonl")
+    assert [e["id"] for e in errors] == ["too-long"] and "token" in errors[0]["error"]
+    assert "1 failed" in done.stderr and "too-long" in done.stderr
+
+
+def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, probe, tmp_path):
+    """The signals Ray actors compute for the benchmark harness (``halwatch bench --ray``) equal this process's
+    own pass, and land in the scorer's cache."""
+    from halwatch.models.forward import whitebox_request
+    from halwatch.scale import ray_signals
+    from halwatch.scorer import Scorer
+
+    samples = sorted(probe, key=lambda s: len(s.response))[:3]
+    scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path / "signals")
+    request = whitebox_request(smol)
+    scorer.remote = lambda todo, req: ray_signals(scorer, todo, req, address=cluster, actors=1)
+    remote = scorer.signals(samples, request)
+    assert len(list((tmp_path / "signals").rglob("*.npz"))) == len(samples)
+    mine = Scorer(model=smol, max_tokens=512, cache=None).signals(samples, request)
+    for a, b in zip(remote, mine):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
+        np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
