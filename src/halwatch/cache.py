@@ -45,6 +45,18 @@ def signal_key(model_name: str, weights_hash: str, input_mode: str, input_ids, n
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def write_signals(file, signals: Signals) -> None:
+    """One sample's signals as an ``.npz`` into a binary file object (a cache entry, or bytes sent between
+    processes)."""
+    np.savez(file, **signals.to_arrays())
+
+
+def read_signals(file) -> Signals:
+    """The signals that :func:`write_signals` wrote (a path or a binary file object)."""
+    with np.load(file) as data:
+        return Signals.from_arrays({k: data[k] for k in data.files})
+
+
 class SignalCache:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -57,8 +69,7 @@ class SignalCache:
         if not path.exists():
             return None
         try:
-            with np.load(path) as data:
-                return Signals.from_arrays({k: data[k] for k in data.files})
+            return read_signals(path)
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
             path.unlink(missing_ok=True)
             return None
@@ -69,7 +80,7 @@ class SignalCache:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **signals.to_arrays())
+                write_signals(f, signals)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

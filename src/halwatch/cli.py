@@ -102,14 +102,19 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _scorer_options(args, input_mode: str | None = None) -> dict:
+    """A command's ``--model``, ``--input-mode`` (or ``input_mode``), ``--max-tokens``, ``--batch-size``,
+    ``--device`` and ``--dtype``, as :meth:`halwatch.scorer.Scorer.from_options` takes them."""
+    return {"model": args.model, "input_mode": input_mode or args.input_mode, "max_tokens": args.max_tokens,
+            "batch_size": args.batch_size, "device": args.device, "dtype": args.dtype}
+
+
 def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None):
-    """The scorer of a command's ``--model``, ``--input-mode`` (or ``input_mode``), ``--max-tokens``,
-    ``--no-cache``, ``--batch-size``, ``--device`` and ``--dtype``, falling back to an artifact's ``identity``."""
+    """The scorer of a command's options (:func:`_scorer_options` and ``--no-cache``), falling back to an
+    artifact's ``identity``."""
     from halwatch.scorer import Scorer
 
-    return Scorer.from_options(model=args.model, input_mode=input_mode or args.input_mode,
-                               max_tokens=args.max_tokens, cache=not args.no_cache, batch_size=args.batch_size,
-                               identity=identity, device=args.device, dtype=args.dtype)
+    return Scorer.from_options(**_scorer_options(args, input_mode), cache=not args.no_cache, identity=identity)
 
 
 def _add_ray_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -138,14 +143,8 @@ def _score_on_ray(args, artifact: dict) -> int:
     if not args.input or args.output in (None, "-"):
         raise InputError("--ray scores a file: give --input FILE and --output FILE (appended to, and resumed)")
     samples = _read_input(args.input, args.skip_invalid)
-    options = {"model": args.model, "input_mode": args.input_mode, "max_tokens": args.max_tokens,
-               "batch_size": args.batch_size, "device": args.device, "dtype": args.dtype}
-    from halwatch.detectors import shipped_artifacts
-
-    # a shipped artifact goes to the actors by name (each has the package); a file's contents go with them
-    detector = args.detector if args.detector in shipped_artifacts() and not Path(args.detector).is_file() else artifact
-    stats = score_records([sample_record(s) for s in samples], args.output, detector=detector,
-                          scorer_options=options, progress=True, **_ray_options(args))
+    stats = score_records([sample_record(s) for s in samples], args.output, detector=artifact,
+                          scorer_options=_scorer_options(args), progress=True, **_ray_options(args))
     errors = f"{args.output}.errors.jsonl"
     if stats["failed"]:
         write_jsonl(errors, stats["failed"])

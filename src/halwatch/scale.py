@@ -153,6 +153,7 @@ class SignalActor(_Loaded):
         self.request = request
 
     def __call__(self, batch: dict) -> dict:
+        from halwatch.cache import write_signals
         from halwatch.data.jsonl import sample_from_record
 
         records = batch_records(batch)
@@ -160,17 +161,25 @@ class SignalActor(_Loaded):
         out = []
         for sig in self.scorer.signals(samples, self.request):
             buffer = io.BytesIO()
-            np.savez(buffer, **sig.to_arrays())
+            write_signals(buffer, sig)
             out.append(buffer.getvalue())
         return {"id": np.array([str(r["id"]) for r in records], dtype=object), "signals": np.array(out, dtype=object)}
 
 
-def _options(actors: int, cpus: float, gpus: float, batch_size: int) -> dict:
+def _map(dataset, actor: type, constructor: dict, actors: int, cpus: float, gpus: float, batch_size: int):
+    """``dataset.map_batches`` through a pool of ``actors`` actors of class ``actor``, each built once with
+    ``constructor`` and as many torch threads as it has CPUs."""
     ray = _ray()
     if actors < 1:
         raise InputError(f"--ray-actors must be at least 1, got {actors}")
-    return {"compute": ray.data.ActorPoolStrategy(size=actors), "num_cpus": cpus, "num_gpus": gpus,
-            "batch_size": batch_size, "batch_format": "numpy"}
+    return dataset.map_batches(actor, fn_constructor_kwargs={**constructor, "threads": max(1, int(cpus))},
+                               compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus,
+                               batch_size=batch_size, batch_format="numpy")
+
+
+def _items(records: list[dict]) -> list[dict]:
+    """Rows of a Ray Dataset carrying records as JSON texts (their fields vary, so no columns of their own)."""
+    return [{"id": str(r["id"]), "record": json.dumps(r, ensure_ascii=False)} for r in records]
 
 
 def score_dataset(dataset, detector: str | dict = "default", scorer_options: dict | None = None, actors: int = 1,
@@ -178,9 +187,8 @@ def score_dataset(dataset, detector: str | dict = "default", scorer_options: dic
     """A Ray Dataset of records (one column per JSONL field, or a ``record`` column of JSON texts) -> a lazy
     Dataset with columns ``id``, ``result`` (JSON text of the verdict) and ``error``, scored by ``actors`` actors
     that each load the scoring model and ``detector`` once."""
-    return dataset.map_batches(ScoreActor, fn_constructor_kwargs={
-        "detector": detector, "scorer_options": scorer_options, "threads": max(1, int(cpus_per_actor))},
-        **_options(actors, cpus_per_actor, gpus_per_actor, batch_size))
+    return _map(dataset, ScoreActor, {"detector": detector, "scorer_options": scorer_options}, actors,
+                cpus_per_actor, gpus_per_actor, batch_size)
 
 
 def finished_ids(path: Path) -> set[str]:
@@ -226,7 +234,7 @@ def score_records(records: list[dict], output: str | Path, detector: str | dict 
     if not todo:
         return stats
     ray = connect(address)
-    dataset = ray.data.from_items([{"id": str(r["id"]), "record": json.dumps(r, ensure_ascii=False)} for r in todo])
+    dataset = ray.data.from_items(_items(todo))
     scored = score_dataset(dataset, detector, scorer_options, actors, cpus_per_actor, gpus_per_actor, batch_size)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as f, progress_bar(total=len(todo), disable=not progress,
@@ -248,25 +256,20 @@ def ray_signals(scorer, samples, request, address: str | None = None, actors: in
                 gpus_per_actor: float = 0, batch_size: int = 8):
     """The signals of ``samples`` for ``request``, computed by Ray actors that load ``scorer``'s model (a
     registered name or a folder every node can read) with its input mode and token cap. In the samples' order."""
-    from halwatch.models.forward import Signals
-
-    ray = connect(address)
+    from halwatch.cache import read_signals
     from halwatch.data.jsonl import sample_record
-
-    rows = [{"id": str(i), "record": json.dumps({**sample_record(sample), "id": str(i)})}
-            for i, sample in enumerate(samples)]
     from halwatch.models import registry
 
+    ray = connect(address)
+    rows = _items([{**sample_record(sample), "id": str(i)} for i, sample in enumerate(samples)])
     model = scorer.model.name if scorer.model.name in registry.MODELS else scorer.model.path
     options = {"model": model, "input_mode": scorer.input_mode, "max_tokens": scorer.max_tokens,
                "device": scorer.device, "dtype": scorer.dtype, "batch_size": None}
-    out = ray.data.from_items(rows).map_batches(SignalActor, fn_constructor_kwargs={
-        "request": request, "scorer_options": options,
-        "threads": max(1, int(cpus_per_actor))}, **_options(actors, cpus_per_actor, gpus_per_actor, batch_size))
+    out = _map(ray.data.from_items(rows), SignalActor, {"request": request, "scorer_options": options}, actors,
+               cpus_per_actor, gpus_per_actor, batch_size)
     signals: list = [None] * len(samples)
     for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
         for rid, blob in zip(batch["id"], batch["signals"]):
-            with np.load(io.BytesIO(blob)) as data:
-                signals[int(rid)] = Signals.from_arrays({k: data[k] for k in data.files})
+            signals[int(rid)] = read_signals(io.BytesIO(blob))
     return signals
 

@@ -116,25 +116,31 @@ def speed_samples(lengths):
                       context_span=(start, start + len(passages))) for n in lengths}
 
 
+def throughput(detector, samples, batch_size: int | None) -> float:
+    """Answers per second of the detector's whole scoring path as ``halwatch score --input`` runs it (encoding,
+    signals in batches of ``batch_size`` answers, or of the scorer's token budget with ``None``, score and spans)."""
+    scorer = detector._scorer()
+    scorer.batch_size = batch_size
+    _sync()
+    t0 = time.perf_counter()
+    views = [scorer.encode(s) for s in samples]
+    detector.verdicts(views, scorer.signals(samples, detector.request(), views=views))
+    _sync()
+    return len(samples) / (time.perf_counter() - t0)
+
+
 def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
-    """Answers per second of the detector's whole scoring path (signals, score, spans) on ``n`` real RAGTruth test
-    answers (a seeded sample), one at a time and in batches of similar length (the scorer's token budget)."""
+    """:func:`throughput` on ``n`` real RAGTruth test answers (a seeded sample), one at a time and in batches of
+    similar length (the scorer's token budget), each after a warm-up on two of them."""
     import random
 
     from halwatch.data.ragtruth import read_ragtruth
 
     samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
-    scorer = detector._scorer()
-    views = [scorer.encode(s) for s in samples]
     out = {}
     for label, size in (("one_at_a_time", 1), ("batched", None)):
-        scorer.batch_size = size
-        detector.verdicts(views[:2], scorer.signals(samples[:2], detector.request(), views=views[:2]))  # warm
-        _sync()
-        t0 = time.perf_counter()
-        detector.verdicts(views, scorer.signals(samples, detector.request(), views=views))
-        _sync()
-        out[label] = n / (time.perf_counter() - t0)
+        throughput(detector, samples[:2], size)  # warm-up
+        out[label] = throughput(detector, samples, size)
     return out
 
 

@@ -53,15 +53,11 @@ async def _level(url: str, items: list[dict], clients: int) -> dict:
 
 def _in_process(detector, items: list[dict], batch_size: int) -> float:
     """Answers per second of one process scoring the answers as ``halwatch score --input`` does."""
+    from halwatch.eval.speed import throughput
     from halwatch.sample import Sample
 
-    scorer = detector._scorer()
-    scorer.batch_size = batch_size
-    samples = [Sample(response=it["response"], prompt=it["prompt"], id=it["id"]) for it in items]
-    t0 = time.perf_counter()
-    views = [scorer.encode(s) for s in samples]
-    detector.verdicts(views, scorer.signals(samples, detector.request(), views=views))
-    return len(items) / (time.perf_counter() - t0)
+    return throughput(detector, [Sample(response=it["response"], prompt=it["prompt"], id=it["id"]) for it in items],
+                      batch_size)
 
 
 def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), batch_sizes=(1, 4, 8),
