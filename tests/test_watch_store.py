@@ -184,3 +184,103 @@ def test_sqlite_store_on_a_folder_or_a_non_database(tmp_path):
     with pytest.raises(StoreError, match="cannot open"):
         open_store(str(junk))
     assert junk.read_text().startswith("not a database")  # left as it was
+
+
+def test_store_records_its_embedder_and_refuses_another(store, tmp_path):
+    """The first embedder bound is recorded (name, hash, dim); a model with other weights or settings (here a copy of
+    all-MiniLM-L6-v2 with another max_seq_length: a real, different model folder) is refused by name and hash."""
+    import json as _json
+    import shutil
+
+    from halwatch.watchdog.embed import Embedder
+
+    default = Embedder()
+    store.bind_embedder(default)
+    assert store.meta()["embedder"] == {"name": "all-MiniLM-L6-v2", "hash": default.hash, "dim": 384}
+    store.bind_embedder(Embedder())  # the same one again: fine
+    other = tmp_path / "minilm-copy"
+    shutil.copytree(default.folder, other)
+    config = _json.loads((other / "sentence_bert_config.json").read_text())
+    (other / "sentence_bert_config.json").write_text(_json.dumps({**config, "max_seq_length": 64}))
+    copy = Embedder(str(other))
+    assert copy.hash != default.hash and copy.dim == 384
+    with pytest.raises(StoreError, match=f"with all-MiniLM-L6-v2 \\(hash {default.hash}\\), not .*minilm-copy"):
+        store.bind_embedder(copy)
+
+
+def test_failures_vectors_and_meta_upserts(store):
+    store.record_failure("What is X?", "http://h/v1/chat/completions: HTTP 500")
+    assert [(f["query"], f["error"]) for f in store.failures()] == [("What is X?", "http://h/v1/chat/completions: "
+                                                                                    "HTTP 500")]
+    a = store.add_point("a", near(0.9, 1), 1.0)
+    b = store.add_point("b", near(0.2, 2), 1.0)
+    ids, vectors = store.vectors()
+    assert ids == [a, b] and vectors.shape == (2, DIM)
+    np.testing.assert_allclose(vectors[1], near(0.2, 2), atol=1e-6)
+    store.set_meta(gamma=0.1)
+    store.set_meta(gamma=0.2)  # an upsert: one row per key
+    assert store.meta()["gamma"] == 0.2 and len(store._exec("SELECT key FROM meta WHERE key = 'gamma'")) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_writers_on_one_store_at_once(backend, tmp_path, pg_folder):
+    """Two processes record events and write the same meta keys at the same time: no collision, nothing lost."""
+    uri = _uri(backend, tmp_path, pg_folder, "shared")
+    s = open_store(uri)
+    with s._tx():
+        for table in ("vectors", "points", "events", "meta", "failures"):
+            s._exec(f"DELETE FROM {table}")
+    s.close()
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        from halwatch.watchdog.store import open_store
+        store = open_store(sys.argv[1])
+        rng = np.random.default_rng(int(sys.argv[2]))
+        for i in range(40):
+            store.record({"query": f"w{sys.argv[2]}-{i}", "hallucinated": 1, "entropy": 0.5},
+                         {"query": "x", "answers": [], "entropy": 0.5}, rng.normal(size=384),
+                         meta={"next_seed": i, "writer": sys.argv[2]})
+        store.close()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, uri, str(w)], stderr=subprocess.PIPE, text=True)
+             for w in (1, 2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    store = open_store(uri)
+    try:
+        assert len(store.events()) == 80 and store.count() == 80 and store.integrity() == "ok"
+        assert store.meta()["next_seed"] == 39 and store.meta()["writer"] in ("1", "2")
+    finally:
+        store.close()
+
+
+def test_postgres_uses_the_hnsw_index_and_hides_passwords(pg_folder):
+    store = open_store(f"pgserver:{pg_folder}")
+    try:
+        assert store.uses_index()
+    finally:
+        store.close()
+    with pytest.raises(StoreError) as refused:
+        open_store("postgresql://watcher:s3cret-pw@127.0.0.1:1/bound?password=other-pw")
+    assert "s3cret-pw" not in str(refused.value) and "other-pw" not in str(refused.value)
+    assert "watcher:***@127.0.0.1:1" in str(refused.value)
+
+
+def test_epsilon_calibration_by_hand():
+    """Four boundary points and seven explored queries (leave-one-out): the four hallucinated ones (each a point:
+    its third most similar *other* point at 0.9025), one grounded query near them all (0.97 * 0.95 = 0.9215) and two
+    grounded ones orthogonal to every point (0). Case 1 fires on the first five above any threshold below 0.9025,
+    at precision 4/5: the smallest threshold of the grid qualifies for a target of 0.8; none for 0.9 (then the
+    paper's 0.8 is kept, and how often it fires is reported)."""
+    from halwatch.watchdog.monitor import calibrate_epsilon
+
+    points = [near(0.95, 1), near(0.95, 2), near(0.95, 3), near(0.95, 4)]
+    queries = points + [near(0.97, 5), unit((6, 1.0)), unit((7, 1.0))]
+    labels = [1, 1, 1, 1, 0, 0, 0]
+    record = calibrate_epsilon(labels, queries, [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4], points, precision=0.8,
+                               min_support=5, grid=[0.0, 0.5, 0.8])
+    # pairwise similarity of near(0.95, i) and near(0.95, j) = 0.9025; query 5 to the points = 0.97 * 0.95 = 0.9215
+    assert record["value"] == 0.0 and record["fires"] == 5 and record["precision"] == 0.8
+    strict = calibrate_epsilon(labels, queries, [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4], points, precision=0.9,
+                               min_support=4, grid=[0.5, 0.8])
+    assert strict["value"] == 0.8 and strict["method"].startswith("paper default") and strict["fires"] == 5

@@ -9,6 +9,7 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from halwatch.watchdog.agent import Domain
 from halwatch.watchdog.clients import EndpointError, LocalClient, OpenAIClient, yes_probability
 from halwatch.watchdog.entropy import entropy_of, semantic_entropy
 from halwatch.watchdog.evaluate import faithfulness_label, gqa_label, gqa_score, unigram_f1
-from halwatch.watchdog.explore import clean_query, seed_questions
+from halwatch.watchdog.exploration import clean_query, seed_questions
 from halwatch.watchdog.store import open_store
 
 
@@ -47,22 +48,35 @@ def test_state_eq4():
     assert pol.state(1.0, 3.0) == 0 and pol.state(1.2, 1.0) == 0  # identical query: no distance
 
 
+def test_sibling_target_eq3():
+    mask, target = pol.sibling_target(["analogy", "deduction", "analogy"], [2.0, 1.0, 4.0])
+    np.testing.assert_allclose(mask, [1, 1, 0])
+    np.testing.assert_allclose(target, [1 / 4, 3 / 4, 0])  # deduction 1, analogy mean(2, 4) = 3
+    mask, target = pol.sibling_target(["induction", "deduction"], [-1.0, 0.5])
+    np.testing.assert_allclose(target, [0.5 / 0.51, 0, 0.01 / 0.51], rtol=1e-6)  # negative reward clipped at FLOOR
+
+
 def test_policy_learns_the_rewarded_transform():
-    """Eq. 5-6: the fitted action values move toward the observed rewards, and eq. 3 on them favours the transform
-    that earned the most."""
+    """Eq. 5-6: fitted on sibling targets where analogy always earned most, the policy puts analogy first, also for
+    a state it has not seen; before any data it is uniform."""
     rng = np.random.default_rng(0)
-    states = rng.integers(0, 20, 60)
-    actions = rng.integers(0, 3, 60)
-    rewards = np.where(actions == 1, 2.0, -0.5)
-    policy = pol.Policy(seed=0)
-    np.testing.assert_allclose(policy.probabilities(5), [1 / 3] * 3)
-    first = policy.fit(states, actions, rewards)
-    second = policy.fit(states, actions, rewards)
+    dim = 2 * 384 + 2
+    states = rng.normal(size=(40, dim)).astype(np.float32)
+    masks, targets = [], []
+    for _ in range(40):
+        drawn = [pol.TRANSFORMS[j] for j in rng.integers(0, 3, 3)]
+        mask, target = pol.sibling_target(drawn, [2.0 if t == "analogy" else -0.5 for t in drawn])
+        masks.append(mask)
+        targets.append(target)
+    policy = pol.Policy(dim, seed=0)
+    np.testing.assert_allclose(policy.probabilities(states[0]), [1 / 3] * 3, rtol=1e-6)
+    first = policy.fit(states, masks, targets)
+    second = policy.fit(states, masks, targets)
     assert second < first
-    p = policy.probabilities(5)
-    assert p[1] > 0.5 and p[1] == max(p)
+    p = policy.probabilities(rng.normal(size=dim))
+    assert p[1] == max(p) and p[1] > 0.4
     random_policy = pol.RandomPolicy(seed=0)
-    draws = np.array([random_policy.probabilities(5) for _ in range(50)])
+    draws = np.array([random_policy.probabilities(states[0]) for _ in range(50)])
     np.testing.assert_allclose(draws.sum(1), 1.0)
     assert draws.std(0).min() > 0.1  # random: a new draw every step
 
@@ -100,7 +114,7 @@ def test_semantic_entropy_by_hand():
 
 # the target agent's domain
 def test_domain_from_squad_titles():
-    domain = Domain("Harvard University")  # spaces or underscores
+    domain = Domain.squad("Harvard University")  # spaces or underscores
     assert domain.title == "Harvard University" and len(domain.documents) == 30 and len(domain.questions) == 112
     seeds, rest = seed_questions(domain, 10, 0)
     assert len(seeds) == 10 and len(rest) == 102 and not {q.id for q in seeds} & {q.id for q in rest}
@@ -112,9 +126,68 @@ def test_domain_from_squad_titles():
     hits = [gold[q.id] in domain.retrieve(q.question, 2) for q in domain.questions[:30]]
     assert np.mean(hits) >= 0.6
     with pytest.raises(InputError, match="no SQuAD article titled 'New York City'; titles: .*Warsaw"):
-        Domain("New York City")
+        Domain.squad("New York City")
     with pytest.raises(InputError, match="empty domain"):
-        Domain("  ")
+        Domain.squad("  ")
+
+
+def _write_corpus(folder, title="Warsaw", hold_out=0):
+    """The paragraphs of one SQuAD article as the user's documents: half as .md files, half in one .jsonl; the last
+    ``hold_out`` paragraphs left out. Returns the paragraphs written and those held out."""
+    paragraphs = Domain.squad(title).documents
+    kept, held = paragraphs[:len(paragraphs) - hold_out], paragraphs[len(paragraphs) - hold_out:]
+    folder.mkdir(parents=True, exist_ok=True)
+    half = len(kept) // 2
+    for i, text in enumerate(kept[:half]):
+        (folder / f"doc{i:02d}.md").write_text(f"# Part {i}\n\n{text}\n")
+    (folder / "rest.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in kept[half:]))
+    (folder / "notes.bin").write_bytes(b"\x00\x01")  # not a document: skipped
+    return kept, held
+
+
+def test_corpus_and_seed_files(tmp_path):
+    """--corpus: a folder of .md / .jsonl documents split into passages (every paragraph's text is in one passage);
+    --seeds: JSONL with answers or plain lines; malformed files are refused by file and line."""
+    from halwatch.watchdog.agent import open_domain, read_seeds, split_passages
+
+    kept, _ = _write_corpus(tmp_path / "docs")
+    domain = open_domain(None, tmp_path / "docs")
+    assert domain.title == "docs" and domain.questions == []
+    joined = " || ".join(domain.documents)
+    assert all(" ".join(t.split())[:200] in joined for t in kept)
+    assert all(len(d) <= 1700 for d in domain.documents) and len(domain.documents) >= len(kept) // 2
+    top = domain.retrieve("What is the capital of Poland?", 1)[0]
+    assert "Warsaw" in top
+    assert split_passages("a b.\n\n\nc d.") == ["a b. c d."]  # short paragraphs merge
+    long = "This is one sentence of text. " * 120
+    parts = split_passages(long)
+    assert len(parts) >= 2 and all(len(x) <= 1500 for x in parts) and parts[0].endswith(".")
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text('{"question": "Where is Warsaw?", "answers": ["Poland"]}\n\n'
+                     '{"question": "How old is it?", "answer": "old"}\nWho founded it?\n')
+    got = read_seeds(seeds)
+    assert [(q.question, q.answers) for q in got] == [("Where is Warsaw?", ["Poland"]), ("How old is it?", ["old"]),
+                                                      ("Who founded it?", [])]
+    assert open_domain("Warsaw", tmp_path / "docs", seeds).title == "Warsaw"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "ok?"}\n{"question": 3}\n')
+    with pytest.raises(InputError, match="bad.jsonl:2: needs \"question\""):
+        read_seeds(bad)
+    bad.write_text('{"question": "ok?"\n')
+    with pytest.raises(InputError, match="bad.jsonl:1: not JSON"):
+        read_seeds(bad)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "a.jsonl").write_text('{"title": "no text"}\n')
+    with pytest.raises(InputError, match="a.jsonl:1: each line needs a \"text\" string"):
+        open_domain(None, tmp_path / "broken")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no text found"):
+        open_domain(None, tmp_path / "empty")
+    with pytest.raises(InputError, match="no such file or folder"):
+        open_domain(None, tmp_path / "missing")
+    with pytest.raises(InputError, match="give --domain .* or --corpus"):
+        open_domain(None, None)
 
 
 def test_clean_query():
@@ -164,10 +237,92 @@ def test_http_client_against_the_local_model_server(local, llm_server):
     assert [c.text for c in sampled] == [c.text for c in again]  # seeded sampling is reproducible over HTTP
 
 
+def test_http_client_adapts_to_servers_that_differ(smol):
+    """Against serve-llm mimicking other servers at once: n ignored (one choice) -> n separate calls with distinct
+    seeds; logprobs refused with 400 -> asked again without (nan log-probabilities); max_tokens refused -> sent as
+    max_completion_tokens; reply content as a list of parts -> its text."""
+    from halwatch.serve.common import Running
+    from halwatch.serve.llm import build_app
+
+    server = Running(build_app(smol, quirks=("ignore-n", "refuse-logprobs", "max-completion-tokens",
+                                             "content-parts")))
+    messages = [{"role": "user", "content": "Name a colour. One word."}]
+
+    async def go():
+        client = OpenAIClient(server.url + "/v1", model="smollm2-135m")
+        try:
+            sampled = await client.chat(messages, n=3, temperature=1.0, max_tokens=6, seed=11, top_logprobs=2)
+            calls = client.calls
+            again = await client.chat(messages, n=2, temperature=1.0, max_tokens=6, seed=11)
+            return sampled, calls, again, client
+        finally:
+            await client.aclose()
+
+    try:
+        sampled, calls, again, client = asyncio.run(go())
+    finally:
+        server.stop()
+    # 1 refused (logprobs) + 1 refused (max_tokens) + 1 answered with one choice + 2 more single calls
+    assert calls == 5 and len(sampled) == 3 and all(c.text for c in sampled)
+    assert not client.honours_n and not client.logprobs and client.tokens_field == "max_completion_tokens"
+    assert all(math.isnan(c.logprob) for c in sampled)
+    local = LocalClient(scoring_model=smol)
+    direct = [local.complete(messages, n=1, temperature=1.0, max_tokens=6, seed=11 + i)[0].text for i in range(3)]
+    assert [c.text for c in sampled] == direct  # seeds seed, seed + 1, seed + 2 over the single calls
+    assert [c.text for c in again] == direct[:2]
+
+
+def test_api_keys_go_only_to_their_endpoint(scripted, monkeypatch, caplog):
+    """A key named for one endpoint is sent there and nowhere else; $OPENAI_API_KEY is not sent unless named; a key
+    over plain HTTP beyond loopback is warned about; an unset variable is an error."""
+    from halwatch.watchdog.clients import open_client
+
+    handler, url = scripted
+    handler.script = [(200, 0)]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-global")
+    monkeypatch.setenv("AGENT_KEY", "sk-agent")
+
+    async def ask(uri, keys):
+        client = open_client(uri, keys=keys)
+        try:
+            await client.chat([{"role": "user", "content": "hi"}])
+        finally:
+            await client.aclose()
+
+    asyncio.run(ask(url + "#m", {url: "AGENT_KEY"}))
+    asyncio.run(ask(url + "#m", {"http://127.0.0.1:1/v1": "AGENT_KEY"}))
+    assert handler.authorizations == ["Bearer sk-agent", None]
+    with caplog.at_level("WARNING", logger="halwatch"):
+        open_client("http://10.1.2.3:8000/v1#m", keys={"http://10.1.2.3:8000/v1": "AGENT_KEY"})
+    assert "sending an API key over plain HTTP to 10.1.2.3" in caplog.text
+    with pytest.raises(HalwatchError, match="MISSING_KEY: the environment variable is not set"):
+        open_client(url, keys={url: "MISSING_KEY"})
+
+
+def test_entailment_clustering_with_a_judge(scripted):
+    """--judge: answers are clustered by bidirectional entailment, asked of the judge over HTTP: the judge (a
+    scripted server) says A and B imply each other, C implies neither: clusters {A, B}, {C}."""
+    handler, url = scripted
+    # answer 1 vs head 0: yes both ways -> cluster 0; answer 2 vs head 0: no both ways -> a new cluster
+    handler.replies = ["yes", "yes", "no", "no"]
+
+    async def go():
+        judge = OpenAIClient(url, backoff=0.01)
+        try:
+            return await semantic_entropy(["1.7 million", "about 1.7 million people", "3.1 million"], "How many?",
+                                          method="entailment", judge=judge)
+        finally:
+            await judge.aclose()
+
+    assert asyncio.run(go()) == pytest.approx(entropy_of([0, 0, 1]))
+    assert handler.seen == 4 and "Statement A: about 1.7 million people" in handler.bodies[0]
+
+
 class _Scripted(BaseHTTPRequestHandler):
     """Replies from a script: a list of (status, delay) per request; counts requests and concurrency."""
     protocol_version = "HTTP/1.1"
     script: list = []
+    replies: list = []
     seen = 0
     in_flight = 0
     most = 0
@@ -178,14 +333,17 @@ class _Scripted(BaseHTTPRequestHandler):
 
     def do_POST(self):
         cls = type(self)
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
         with cls.lock:
             status, delay = cls.script[min(cls.seen, len(cls.script) - 1)]
+            reply = cls.replies[cls.seen] if cls.seen < len(cls.replies) else "yes"
             cls.seen += 1
             cls.in_flight += 1
             cls.most = max(cls.most, cls.in_flight)
+            cls.authorizations.append(self.headers.get("Authorization"))
+            cls.bodies.append(body)
         time.sleep(delay)
-        body = json.dumps({"choices": [{"message": {"content": "yes"}}]} if status == 200 else {"error": "x"}).encode()
+        body = json.dumps({"choices": [{"message": {"content": reply}}]} if status == 200 else {"error": "x"}).encode()
         with cls.lock:
             cls.in_flight -= 1
         self.send_response(status)
@@ -197,8 +355,9 @@ class _Scripted(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted():
-    handler = type("Handler", (_Scripted,), {"script": [], "seen": 0, "in_flight": 0, "most": 0,
-                                             "lock": threading.Lock()})
+    handler = type("Handler", (_Scripted,), {"script": [(200, 0)], "replies": [], "seen": 0, "in_flight": 0,
+                                             "most": 0, "lock": threading.Lock(), "authorizations": [],
+                                             "bodies": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield handler, f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -252,49 +411,88 @@ def test_unreachable_endpoint_is_a_clear_error():
         _ask("http://127.0.0.1:9/v1", retries=1)
 
 
+def _fanout_is_consistent(events, fanout):
+    """Only hallucinated queries are expanded, each into at most ``fanout`` children with a transform; depths add
+    up; rewards are set exactly for children."""
+    by_id = {e["id"]: e for e in events}
+    children = {}
+    for e in events:
+        if e["parent"] is not None:
+            parent = by_id[e["parent"]]
+            assert parent["hallucinated"] == 1 and e["depth"] == parent["depth"] + 1
+            assert e["transform"] in pol.TRANSFORMS and e["reward"] is not None and len(e["probabilities"]) == 3
+            children.setdefault(e["parent"], []).append(e)
+        else:
+            assert e["depth"] == 0 and e["transform"] is None and e["reward"] is None
+    assert all(len(kids) <= fanout for kids in children.values())
+    assert len({e["query"] for e in events}) == len(events)  # no query asked twice
+    return children
+
+
 def test_watch_explore_resume_and_check(tmp_path, capsys):
-    """`halwatch watch explore` on a real SQuAD domain with the default model; a second run resumes from the
-    store; `watch check` gives a JSON verdict; bad inputs are refused without writing anything."""
+    """`halwatch watch explore` on a real SQuAD domain with the default model: fan-out from hallucinated queries,
+    the embedder and a calibrated epsilon recorded; a second run resumes from the store; `watch check` gives a JSON
+    verdict; `watch bench` writes rows as it goes and resumes; bad inputs are refused without writing anything."""
     store = tmp_path / "bound.db"
 
     def explore(n, policy="reinforced"):
         return main(["-q", "watch", "explore", "--domain", "Harvard_University", "--store", str(store), "--k", "2",
-                     "--paths", "2", "--min-queries", str(n), "--max-queries", str(n), "--max-depth", "3",
-                     "--policy", policy])
+                     "--concurrency", "2", "--fanout", "2", "--min-queries", str(n), "--max-queries", str(n),
+                     "--max-depth", "3", "--policy", policy])
 
-    assert explore(3) == 0
+    assert explore(4) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["evaluated"] == 3 and first["new"] == 3 and sum(first["llm_calls"].values()) >= 6
+    assert first["evaluated"] == 4 and first["new"] == 4 and sum(first["llm_calls"].values()) >= 8
+    assert first["embedder"]["name"] == "all-MiniLM-L6-v2" and first["epsilon"]["explored"] == 4
     db = open_store(str(store))
     events = db.events()
-    assert len(events) == 3 and db.count() == sum(e["hallucinated"] for e in events)
-    assert db.meta()["domain"] == "Harvard University" and db.meta()["evaluated"] == 3
+    assert len(events) == 4 and db.count() == sum(e["hallucinated"] for e in events)
+    meta = db.meta()
+    assert meta["domain"] == "Harvard University" and meta["embedder"]["dim"] == 384
+    assert meta["epsilon"]["value"] == first["epsilon"]["value"] and meta["clustering"]["method"] == "embedding"
     assert all(e["method"] in ("gqa", "faithfulness") for e in events)
-    assert any(e["depth"] == 1 and e["transform"] in pol.TRANSFORMS for e in events)
+    children = _fanout_is_consistent(events, 2)
+    assert first["expanded"] == len(children)
+    if any(e["hallucinated"] for e in events[:2]):  # a hallucinated seed was expanded into children
+        assert any(e["depth"] == 1 for e in events)
     db.close()
-    assert explore(4) == 0
+    assert explore(5) == 0
     second = json.loads(capsys.readouterr().out)
-    assert second["evaluated"] == 4 and second["new"] == 1  # resumed: one more query
-    assert explore(5, "random") == 2
+    assert second["evaluated"] == 5 and second["new"] == 1  # resumed: one more query
+    assert explore(6, "random") == 2
     assert "explored with policy = 'reinforced'" in capsys.readouterr().err
 
     query = "Who founded Harvard University?"
-    assert main(["watch", "check", "--store", str(store), "--k", "2", query]) == 0
-    verdict = json.loads(capsys.readouterr().out)
-    assert verdict["query"] == query and isinstance(verdict["hallucination"], bool)
-    assert verdict["case"] in ("centroid", "entropy above", "entropy below", "empty store")
-    assert len(verdict["neighbours"]) == min(3, second["boundary_points"])
+    if second["boundary_points"]:
+        assert main(["watch", "check", "--store", str(store), "--k", "2", query]) == 0
+        verdict = json.loads(capsys.readouterr().out)
+        assert verdict["query"] == query and isinstance(verdict["hallucination"], bool)
+        assert verdict["case"] in ("centroid", "entropy above", "entropy below")
+        assert verdict["epsilon"] == second["epsilon"]["value"]
+        assert len(verdict["neighbours"]) == min(3, second["boundary_points"])
 
-    # the benchmark harness on held-out questions (after the seed pool), and the Figure 6 curve
+    # the benchmark harness on held-out questions (after the seed pool), resumable, and the Figure 6 curve
     out = tmp_path / "bench.json"
-    assert main(["-q", "watch", "bench", "--domain", "Harvard_University", "--store", str(store), "--n-test", "3",
-                 "--out", str(out)]) == 0
+
+    def bench(n):
+        return main(["-q", "watch", "bench", "--domain", "Harvard_University", "--store", str(store), "--n-test",
+                     str(n), "--out", str(out)])
+
+    assert bench(1) == 0
+    capsys.readouterr()
+    rows_file = Path(str(out) + ".rows.jsonl")
+    first_rows = rows_file.read_text()
+    assert len(first_rows.splitlines()) == 1
+    with open(rows_file, "a") as f:
+        f.write('{"id": "half-writ')  # a run killed while writing its next row
+    assert bench(2) == 0
     summary = json.loads(capsys.readouterr().out)
+    assert rows_file.read_text().startswith(first_rows) and len(rows_file.read_text().splitlines()) == 2
     result = json.loads(out.read_text())
-    assert summary["n_test"] == 3 and set(summary["metrics"]) == {"halmit", "pp", "icl", "selfcheckgpt",
+    assert summary["n_test"] == 2 and set(summary["metrics"]) == {"halmit", "pp", "icl", "selfcheckgpt",
                                                                      "semantic-entropy"}
-    seeds, rest = seed_questions(Domain("Harvard_University"), 10, 0)
-    assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:3]]
+    seeds, rest = seed_questions(Domain.squad("Harvard_University"), 10, 0)
+    assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:2]]
     for r in result["rows"]:
         assert r["label"] == int(gqa_label(r["answer"], next(q.answers for q in rest if q.id == r["id"])).hallucinated)
         assert r["halmit_flag"] == (r["scores"]["halmit"] >= 0.5) and r["scores"]["pp"] > 0
@@ -314,8 +512,143 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     assert main(["watch", "check", "--store", "mysql://x", query]) == 2
     assert "unknown store" in capsys.readouterr().err
     assert main(["watch", "explore", "--domain", "Warsaw", "--store", str(tmp_path / "x.db"),
-                 "--target", "http://127.0.0.1:9/v1", "--retries", "0", "--max-queries", "1"]) == 2
-    assert "no answer after 1 attempts" in capsys.readouterr().err
+                 "--target", "http://127.0.0.1:9/v1", "--retries", "0", "--max-queries", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "5 calls in a row failed" in err and "no answer after 1 attempts" in err
+    failed = open_store(str(tmp_path / "x.db"))
+    assert len(failed.failures()) == 5 and failed.events() == []  # each failure recorded against its query
+    failed.close()
+    assert main(["watch", "explore", "--domain", "Warsaw", "--store", str(tmp_path / "y.db"), "--key-env", "oops"]) == 2
+    assert "write ENDPOINT=VAR" in capsys.readouterr().err
+
+
+class CorpusAgent:
+    """A user's own agent (the Python protocol): its own keyword retrieval over its own copy of the documents, the
+    default model as its LLM; it records the queries it was asked."""
+
+    name = "corpus-agent"
+
+    def __init__(self, paragraphs, client):
+        self.paragraphs, self.client, self.asked = paragraphs, client, []
+
+    @property
+    def calls(self):
+        return self.client.calls
+
+    async def answer(self, query, n=1, temperature=0.0, seed=0, logprobs=False):
+        self.asked.append(query)
+        words = set(query.lower().split())
+        best = max(self.paragraphs, key=lambda p: len(words & set(p.lower().split())))
+        messages = [{"role": "user", "content": f"Context: {best}\n\nQuestion: {query}\nAnswer in one sentence."}]
+        return best, await self.client.chat(messages, n=n, temperature=temperature, max_tokens=32, seed=seed)
+
+
+def test_watch_your_own_agent_over_your_corpus(tmp_path, smol, capsys):
+    """A black-box agent behind an OpenAI-compatible endpoint (`--agent`, serve-llm ignoring n like Ollama), the
+    user's documents (`--corpus`) and seed file (`--seeds`), a PostgreSQL store; the gamma rule stops the
+    exploration before max; `watch check --agent` answers. Then a user-defined Python agent on the same corpus."""
+    from halwatch.serve.common import Running
+    from halwatch.serve.llm import build_app
+    from halwatch.watchdog import explore as explore_api  # the function (the module is .exploration)
+    from halwatch.watchdog.store import stop_pgserver
+
+    kept, held = _write_corpus(tmp_path / "docs", hold_out=3)
+    seeds = tmp_path / "seeds.jsonl"
+    warsaw = Domain.squad("Warsaw").questions[:4]
+    seeds.write_text("".join(json.dumps({"question": q.question, "answers": q.answers}) + "\n" for q in warsaw))
+    server = Running(build_app(smol, quirks=("ignore-n",)))
+    agent = server.url + "/v1#smollm2-135m"
+    pg = tmp_path / "pg"
+    try:
+        assert main(["-q", "watch", "explore", "--agent", agent, "--corpus", str(tmp_path / "docs"), "--domain",
+                     "Warsaw", "--seeds", str(seeds), "--n-seeds", "2", "--store", f"pgserver:{pg}", "--k", "2",
+                     "--fanout", "2", "--concurrency", "2", "--gamma", "0.01", "--min-queries", "2",
+                     "--max-queries", "8", "--max-depth", "2"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        # the 135M agent answers without any context: it hallucinates early, so gamma >= 0.01 stops the run at min
+        assert summary["stopped"] == "gamma" and 2 <= summary["evaluated"] < 8 and summary["gamma"] >= 0.01
+        assert summary["llm_calls"][agent] >= 2 * summary["evaluated"]  # greedy + k samples (n ignored: k calls)
+        db = open_store(f"pgserver:{pg}")
+        try:
+            events = db.events()
+            assert db.meta()["target"] == agent and events[0]["query"] in {q.question for q in warsaw}
+            assert events[0]["method"] == "gqa"  # a seed with a reference answer
+            corpus = Domain.corpus(tmp_path / "docs")
+            for e in events:  # the agent's context is unknown: answers were judged against the corpus passages
+                if e["hallucinated"]:
+                    assert db.point(e["id"])["context"] == "\n\n".join(corpus.retrieve(e["query"], 2))
+        finally:
+            db.close()
+        assert main(["watch", "check", "--store", f"pgserver:{pg}", "--agent", agent, "--corpus",
+                     str(tmp_path / "docs"), "--domain", "Warsaw", "When did Warsaw's Palace of Culture open?"]) == 0
+        verdict = json.loads(capsys.readouterr().out)
+        assert verdict["case"] in ("centroid", "entropy above", "entropy below")
+    finally:
+        server.stop()
+        stop_pgserver(pg)
+    assert not (pg / "postmaster.pid").exists()
+
+    mine = CorpusAgent(kept, LocalClient(scoring_model=smol))
+    result = explore_api(None, str(tmp_path / "mine.db"), agent=mine, corpus=tmp_path / "docs", k=2, fanout=2,
+                         concurrency=1, min_queries=2, max_queries=2, max_depth=2, n_seeds=1)
+    assert result["evaluated"] == 2 and result["llm_calls"]["corpus-agent"] >= 4
+    db = open_store(str(tmp_path / "mine.db"))
+    try:
+        events = db.events()
+        assert sorted({e["query"] for e in events}) == sorted(set(mine.asked)) and len(mine.asked) == 4
+        assert db.meta()["target"] == "corpus-agent" and all(e["method"] == "faithfulness" for e in events)
+        for e in events:  # the user's agent said what it read: that is the evidence
+            if e["hallucinated"]:
+                assert db.point(e["id"])["context"] in kept
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "pgserver"])
+def test_killed_exploration_resumes_without_duplicates_or_losses(backend, tmp_path):
+    """SIGKILL `halwatch watch explore` once it has recorded two queries; a second run resumes: no query twice,
+    every hallucinated query's point and vector there, and the count goes on from where it stopped."""
+    import signal
+    import subprocess
+    import sys
+
+    from halwatch.watchdog.store import stop_pgserver
+
+    uri = f"sqlite:{tmp_path / 'k.db'}" if backend == "sqlite" else f"pgserver:{tmp_path / 'pg'}"
+    args = [sys.executable, "-m", "halwatch", "-q", "watch", "explore", "--domain", "Harvard_University", "--store",
+            uri, "--k", "2", "--concurrency", "2", "--fanout", "2", "--max-depth", "3", "--min-queries", "40",
+            "--max-queries", "40"]
+    watcher = open_store(uri)  # held while the explorer runs: one pgserver server for both processes
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and len(watcher.events()) < 2 and proc.poll() is None:
+            time.sleep(1)
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+        before = watcher.events()
+        assert len(before) >= 2, err
+        watcher.close()
+        assert main(["-q", "watch", "explore", "--domain", "Harvard_University", "--store", uri, "--k", "2",
+                     "--concurrency", "2", "--fanout", "2", "--max-depth", "3", "--min-queries",
+                     str(len(before) + 2), "--max-queries", str(len(before) + 2)]) == 0
+        db = open_store(uri)
+        try:
+            after = db.events()
+            assert [e["id"] for e in after[:len(before)]] == [e["id"] for e in before]
+            assert len(after) == len(before) + 2
+            _fanout_is_consistent(after, 2)
+            assert db.count() == sum(e["hallucinated"] for e in after) and db.integrity() == "ok"
+            ids, vectors = db.vectors()
+            assert ids == [e["id"] for e in after if e["hallucinated"]] and vectors.shape == (len(ids), 384)
+        finally:
+            db.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        watcher.close()
+        if backend == "pgserver":
+            stop_pgserver(tmp_path / "pg")
 
 
 def test_unknown_client_uri():

@@ -327,7 +327,7 @@ def cmd_bench(args) -> int:
         from halwatch.serve.bench import run_serve_bench
 
         run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
-                        device=args.device, dtype=args.dtype)
+                        device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         return 0
     if args.what == "relevance":
         from halwatch.eval.speed import run_relevance_speed

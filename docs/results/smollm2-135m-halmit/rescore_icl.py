@@ -16,7 +16,7 @@ import sys
 
 from halwatch.watchdog.agent import Domain, TargetAgent
 from halwatch.watchdog.clients import LocalClient, yes_probability
-from halwatch.watchdog.explore import seed_questions
+from halwatch.watchdog.exploration import seed_questions
 from halwatch.watchdog.run import ICL, _icl_demos, _metrics
 
 
@@ -35,7 +35,7 @@ def old_rule(completion) -> float:
 async def rescore(path: str) -> None:
     result = json.loads(open(path).read())
     client = LocalClient("smollm2-135m")
-    agent = TargetAgent(Domain(result["domain"]), client)
+    agent = TargetAgent(Domain.squad(result["domain"]), client)
     seeds, _ = seed_questions(agent.domain, 10, 0)
     demos = _icl_demos(agent.domain, seeds)
     before = result["metrics"]["icl"]

@@ -61,7 +61,8 @@ def _in_process(detector, items: list[dict], batch_size: int) -> float:
 
 
 def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), batch_sizes=(1, 4, 8),
-                    seed: int = 0, out=print, device: str = "auto", dtype: str = "auto") -> dict:
+                    seed: int = 0, out=print, device: str = "auto", dtype: str = "auto",
+                    batch_size: int | None = None) -> dict:
     import logging
 
     from halwatch.detectors import load_detector, read_artifact
@@ -79,7 +80,7 @@ def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), 
     for b in batch_sizes:
         result["in_process"][b] = _in_process(det, items, b)
         out(f"in process, batch {b}: {result['in_process'][b]:.2f} answers/s")
-    servers = {"batched": Limits(queue_size=4 * n, timeout=3600),
+    servers = {"batched": Limits(batch_size=batch_size, queue_size=4 * n, timeout=3600),
                "one_at_a_time": Limits(batch_size=1, batch_wait=0.0, queue_size=4 * n, timeout=3600)}
     for name, limits in servers.items():
         app = build_app([detector], limits=limits, models={model.name: model})
@@ -107,7 +108,8 @@ def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), 
     for b, per_s in result["in_process"].items():
         out(f"| `halwatch score --input`, batch {b} | - | {per_s:.2f} | - | - | - |")
     for name in ("batched", "one_at_a_time"):
-        label = (f"halwatch serve (batch size auto: {result['batched_batch_size']} on {model.device.type})"
+        how = "auto: " if batch_size is None else ""
+        label = (f"halwatch serve (batch size {how}{result['batched_batch_size']} on {model.device.type})"
                  if name == "batched" else "one request at a time (lock)")
         for r in result[name]:
             out(f"| {label} | {r['clients']} | {r['per_s']:.2f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['errors']} |")

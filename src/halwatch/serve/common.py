@@ -15,14 +15,13 @@ pydantic + uvicorn stack with
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from halwatch.errors import HalwatchError
+from halwatch.net import env_secret, loopback
 
 log = logging.getLogger("halwatch")
 
@@ -78,23 +77,9 @@ class ServerState:
     metrics: dict = field(default_factory=dict)
 
 
-def loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def api_key_from(env_var: str | None) -> str | None:
     """The API key in ``$env_var`` (``None`` without a variable); an unset or empty variable is an error."""
-    if not env_var:
-        return None
-    key = os.environ.get(env_var, "")
-    if not key:
-        raise HalwatchError(f"--api-key-env {env_var}: the environment variable is not set or empty")
-    return key
+    return env_secret(env_var, "--api-key-env")
 
 
 def check_bind(host: str, api_key: str | None, insecure: bool) -> None:

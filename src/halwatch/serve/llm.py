@@ -32,6 +32,12 @@ from halwatch.serve.common import ApiError, ServerState, Worker, create_app
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_CAP = 2048
 
+#: ``--mimic``: behave like other servers do, so that clients (the watchdog's) can be tested against each behaviour:
+#: ``ignore-n`` answers one choice whatever ``n`` asks (Ollama, llama.cpp's server), ``refuse-logprobs`` answers a
+#: request for log-probabilities with 400, ``max-completion-tokens`` refuses ``max_tokens`` with 400 and takes only
+#: ``max_completion_tokens`` (newer OpenAI models), ``content-parts`` sends the reply as a list of text parts.
+QUIRKS = ("ignore-n", "refuse-logprobs", "max-completion-tokens", "content-parts")
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -102,7 +108,11 @@ class ChatServer:
     """The routes of one local model. ``scoring_model``: a loaded model, or the name or folder to load at start."""
 
     def __init__(self, model, queue_size: int = 16, timeout: float = 300.0, device: str = "auto",
-                 dtype: str = "auto"):
+                 dtype: str = "auto", quirks=()):
+        unknown = set(quirks) - set(QUIRKS)
+        if unknown:
+            raise HalwatchError(f"unknown --mimic {', '.join(sorted(unknown))}: choose from {', '.join(QUIRKS)}")
+        self.quirks = frozenset(quirks)
         self.model_spec, self.scoring_model = model, None if isinstance(model, str) else model
         self.device, self.dtype = device, dtype
         self.worker = Worker(queue_size)
@@ -126,6 +136,13 @@ class ChatServer:
         if request.model not in (None, "", "default", self.name):
             raise ApiError(404, f"the model {request.model!r} does not exist here: this server has {self.name!r}",
                            "model_not_found", "model")
+        if "refuse-logprobs" in self.quirks and (request.logprobs or request.top_logprobs):
+            raise ApiError(400, "logprobs is not supported by this server", "unsupported_parameter", "logprobs")
+        if "max-completion-tokens" in self.quirks and request.max_tokens is not None:
+            raise ApiError(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                                "'max_completion_tokens' instead.", "unsupported_parameter", "max_tokens")
+        if "ignore-n" in self.quirks:
+            request.n = 1
         try:
             ids = chat_prompt_ids(self.scoring_model.tokenizer, [m.as_dict() for m in request.messages])
         except HalwatchError as exc:
@@ -165,7 +182,8 @@ class ChatServer:
             watch.cancel()
         choices = []
         for i, c in enumerate(result.choices):
-            choice = {"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+            content = [{"type": "text", "text": c.text}] if "content-parts" in self.quirks else c.text
+            choice = {"index": i, "message": {"role": "assistant", "content": content}, "logprobs": None,
                       "finish_reason": c.finish_reason}
             if request.logprobs:
                 choice["logprobs"] = _logprobs(c, request.top_logprobs or 0)
@@ -238,14 +256,15 @@ async def _watch_disconnect(http_request, cancel: threading.Event, every: float 
 
 
 def build_app(model, api_key: str | None = None, queue_size: int = 16, timeout: float = 300.0,
-              max_body_bytes: int = 1 << 20, device: str = "auto", dtype: str = "auto"):
+              max_body_bytes: int = 1 << 20, device: str = "auto", dtype: str = "auto", quirks=()):
     """The serve-llm app: ``model`` is a loaded :class:`~halwatch.models.loader.ScoringModel` or a name/folder
-    loaded at start-up on ``device`` in ``dtype`` (the server is ready once it is)."""
+    loaded at start-up on ``device`` in ``dtype`` (the server is ready once it is); ``quirks``: see
+    :data:`QUIRKS`."""
     from contextlib import asynccontextmanager
 
     from prometheus_client import Gauge
 
-    server = ChatServer(model, queue_size, timeout, device, dtype)
+    server = ChatServer(model, queue_size, timeout, device, dtype, quirks)
     state = ServerState(name="serve-llm")
 
     @asynccontextmanager

@@ -7,7 +7,8 @@
   thread; ``n`` samples share one prompt pass (its key/value cache is repeated).
 - :class:`OpenAIClient`: any OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, llama.cpp server, Ollama,
   hosted APIs, or ``halwatch watch serve-llm``), with a timeout per request, retries with exponential backoff on
-  connection errors, timeouts, 429 and 5xx, and at most ``concurrency`` requests in flight.
+  connection errors, timeouts, 429 and 5xx, at most ``concurrency`` requests in flight, an API key per endpoint,
+  and adaptation to servers that ignore ``n`` or refuse ``logprobs`` / ``max_tokens``.
 
 :func:`open_client` makes either from a URI.
 """
@@ -15,17 +16,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-import os
 import random
 import threading
 from dataclasses import dataclass, field
 
 from halwatch.errors import HalwatchError
+from halwatch.net import env_secret, loopback
+
+log = logging.getLogger("halwatch")
 
 
 class EndpointError(HalwatchError):
-    """An LLM endpoint cannot be reached or keeps failing."""
+    """An LLM endpoint cannot be reached, keeps failing or refuses a request (``status``: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -94,12 +102,24 @@ class LocalClient:
 
 class OpenAIClient:
     """An OpenAI-compatible chat endpoint. ``base_url`` ends before ``/chat/completions`` (e.g.
-    ``http://127.0.0.1:8000/v1``); the API key comes from ``api_key`` or ``$OPENAI_API_KEY``."""
+    ``http://127.0.0.1:8000/v1``). The API key is ``api_key`` or the environment variable named by ``key_env``, and
+    nothing else: a key meant for one endpoint is never sent to another (``$OPENAI_API_KEY`` is not read unless it is
+    named). Sending a key over plain HTTP to a host beyond loopback is allowed but logged as a warning.
+
+    Servers differ in what they support; the client finds out from their replies and remembers it:
+
+    - ``n`` ignored (Ollama, llama.cpp's server give one choice): fewer choices than asked -> the rest are asked for
+      one at a time (seeds ``seed + 1``, ``seed + 2``, ...), and every later call with ``n > 1`` goes that way;
+    - ``logprobs`` refused with a 400 that names it -> asked again without, and never again (log-probabilities are
+      then ``nan``, as for a server that ignores the field);
+    - ``max_tokens`` refused with a 400 that names it (newer OpenAI models) -> ``max_completion_tokens``;
+    - reply content as a list of parts -> their text joined.
+    """
 
     RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
-    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None, timeout: float = 60.0,
-                 retries: int = 3, backoff: float = 0.5, concurrency: int = 4):
+    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None, key_env: str | None = None,
+                 timeout: float = 60.0, retries: int = 3, backoff: float = 0.5, concurrency: int = 4):
         import httpx2 as httpx
 
         self.base_url = base_url.rstrip("/")
@@ -107,7 +127,10 @@ class OpenAIClient:
         self.name = f"{self.base_url}#{model}"
         self.retries, self.backoff = retries, backoff
         self.calls = 0
-        key = api_key or os.environ.get("OPENAI_API_KEY")
+        self.honours_n, self.logprobs, self.tokens_field = True, True, "max_tokens"
+        key = api_key or env_secret(key_env, "the API key variable")
+        if key:
+            _warn_plain_http(self.base_url)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=headers,
                                        limits=httpx.Limits(max_connections=concurrency))
@@ -132,41 +155,100 @@ class OpenAIClient:
                 problem = f"HTTP {response.status_code}"
                 continue
             if response.status_code >= 400:
-                raise EndpointError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+                raise EndpointError(f"{url}: HTTP {response.status_code}: {response.text[:300]}",
+                                    status=response.status_code)
             try:
                 return response.json()
             except ValueError:
                 raise EndpointError(f"{url}: the reply is not JSON") from None
         raise EndpointError(f"{url}: no answer after {self.retries + 1} attempts ({problem})")
 
-    async def chat(self, messages, n=1, temperature=0.0, max_tokens=64, seed=0, top_logprobs=0) -> list[Completion]:
-        payload = {"model": self.model, "messages": messages, "n": n, "temperature": temperature,
-                   "max_tokens": max_tokens, "seed": seed, "logprobs": True}
-        if top_logprobs:
-            payload["top_logprobs"] = top_logprobs
-        data = await self._post(payload)
+    def _payload(self, messages, n, temperature, max_tokens, seed, top_logprobs) -> dict:
+        payload = {"model": self.model, "messages": messages, "temperature": temperature,
+                   self.tokens_field: max_tokens, "seed": seed}
+        if n > 1:
+            payload["n"] = n
+        if self.logprobs:
+            payload["logprobs"] = True
+            if top_logprobs:
+                payload["top_logprobs"] = top_logprobs
+        return payload
+
+    async def _ask(self, messages, n, temperature, max_tokens, seed, top_logprobs) -> list[Completion]:
+        """One request, adapting once to a server that refuses ``logprobs`` or ``max_tokens``."""
+        for _ in range(3):
+            try:
+                return self._parse(await self._post(self._payload(messages, n, temperature, max_tokens, seed,
+                                                                  top_logprobs)))
+            except EndpointError as exc:
+                refused = exc.status == 400 and str(exc).split(": HTTP 400: ", 1)[-1]
+                if refused and self.logprobs and "logprobs" in refused:
+                    self.logprobs = False
+                elif refused and self.tokens_field == "max_tokens" and "max_tokens" in refused:
+                    self.tokens_field = "max_completion_tokens"
+                else:
+                    raise
+        raise EndpointError(f"{self.base_url}: the request was refused after adapting it")  # pragma: no cover
+
+    def _parse(self, data) -> list[Completion]:
         try:
             result = []
             for choice in data["choices"]:
                 tokens = ((choice.get("logprobs") or {}).get("content")) or []
                 top = {t["token"]: t["logprob"] for t in tokens[0].get("top_logprobs", [])} if tokens else {}
                 logprob = sum(t["logprob"] for t in tokens) if tokens else float("nan")
-                result.append(Completion(choice["message"]["content"] or "", logprob, len(tokens), top,
+                result.append(Completion(message_text(choice["message"].get("content")), logprob, len(tokens), top,
                                          choice.get("finish_reason") != "length"))
-        except (KeyError, TypeError, IndexError):
+        except (KeyError, TypeError, IndexError, AttributeError):
             raise EndpointError(f"{self.base_url}: not an OpenAI chat completion reply: {str(data)[:200]}") from None
         return result
+
+    async def chat(self, messages, n=1, temperature=0.0, max_tokens=64, seed=0, top_logprobs=0) -> list[Completion]:
+        first = await self._ask(messages, n if self.honours_n else 1, temperature, max_tokens, seed, top_logprobs)
+        if len(first) >= n:
+            return first[:n]
+        if len(first) == 0:
+            raise EndpointError(f"{self.base_url}: a reply without choices")
+        self.honours_n = False  # one choice for n > 1: ask for the others one by one
+        rest = await asyncio.gather(*(self._ask(messages, 1, temperature, max_tokens, seed + i, top_logprobs)
+                                      for i in range(len(first), n)))
+        return first + [c[0] for c in rest]
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
 
-def open_client(uri: str, **options):
-    """``local:NAME`` (a registry model or a folder) or ``http(s)://HOST[:PORT]/v1[#MODEL]`` (OpenAI-compatible)."""
+def message_text(content) -> str:
+    """A reply message's text: a string, or the text of a list of content parts joined; ``None`` is empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    raise TypeError(content)
+
+
+def _warn_plain_http(base_url: str) -> None:
+    from urllib.parse import urlsplit
+
+
+    parts = urlsplit(base_url)
+    if parts.scheme == "http" and not loopback(parts.hostname or ""):
+        log.warning("sending an API key over plain HTTP to %s: anyone on the way can read it (use https)",
+                    parts.hostname)
+
+
+def open_client(uri: str, keys: dict | None = None, **options):
+    """``local:NAME`` (a registry model or a folder) or ``http(s)://HOST[:PORT]/v1[#MODEL]`` (OpenAI-compatible).
+    ``keys``: ``{endpoint: environment variable}``, the endpoint written as the URI or its part before ``#``; an
+    endpoint not named there gets no key."""
     if uri.startswith("local:"):
         return LocalClient(uri[len("local:"):] or "smollm2-135m", scoring_model=options.get("scoring_model"))
     if uri.startswith(("http://", "https://")):
         base, _, model = uri.partition("#")
+        keys = keys or {}
         keep = {k: v for k, v in options.items() if k in ("api_key", "timeout", "retries", "backoff", "concurrency")}
-        return OpenAIClient(base, model or "default", **keep)
+        key_env = keys.get(uri) or keys.get(base) or keys.get(base.rstrip("/"))
+        return OpenAIClient(base, model or "default", key_env=key_env, **keep)
     raise HalwatchError(f"unknown LLM client {uri!r}: use local:MODEL or http(s)://HOST:PORT/v1[#MODEL]")

@@ -4,10 +4,11 @@ of equal meaning, and take the entropy of the cluster distribution.
 Clusters are built as in Farquhar et al.'s Algorithm 1: each answer joins the first cluster whose first member it
 is equivalent to, or opens a new one. Equivalence is either
 
-- ``embedding`` (default): cosine similarity of the all-MiniLM-L6-v2 embeddings >= ``threshold`` (0.85; a symmetric
-  stand-in for bidirectional entailment: paraphrases of one short answer score above 0.85 with this model, answers
-  naming different entities below it), or
-- ``entailment``: a judge LLM says "yes" to "does A imply B?" in both directions.
+- ``entailment`` (the paper's, used whenever a judge LLM is given: ``--judge``): the judge says "yes" to "does A imply
+  B?" in both directions, or
+- ``embedding`` (the fallback without a judge, labelled so in the store): cosine similarity of the all-MiniLM-L6-v2
+  embeddings >= ``threshold`` (0.85). It is a crude stand-in: it merges answers that differ in one number ("1.7
+  million" and "3.1 million" score 0.954) and splits some paraphrases (0.637).
 
 The entropy is the discrete estimator (each cluster weighted by its share of the K answers), the variant for
 black-box models whose token probabilities are not available: ``H = -sum_c (|c|/K) log(|c|/K)``.

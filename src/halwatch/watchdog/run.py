@@ -1,7 +1,9 @@
 """Python API of the watchdog (what ``halwatch watch`` calls): :func:`explore`, :func:`check` and :func:`bench`.
 
 Clients are URIs (:func:`halwatch.watchdog.clients.open_client`): ``local:smollm2-135m`` (default) or
-``http://HOST:PORT/v1#MODEL``. The generator and the judge default to the target's client.
+``http://HOST:PORT/v1#MODEL``. The agent is the built-in RAG agent over the domain with ``target`` as its LLM, or
+``agent``: a black-box OpenAI-compatible endpoint (URI) or any object with the agent protocol
+(:mod:`halwatch.watchdog.agent`). The generator and the judge default to the target's client.
 """
 
 from __future__ import annotations
@@ -15,25 +17,26 @@ import numpy as np
 
 from halwatch.errors import HalwatchError
 from halwatch.watchdog import monitor
-from halwatch.watchdog.agent import Domain, TargetAgent
+from halwatch.watchdog.agent import EndpointAgent, TargetAgent, open_domain
 from halwatch.watchdog.clients import open_client, yes_probability
+from halwatch.watchdog.embed import embedder as get_embedder
 from halwatch.watchdog.evaluate import Evaluator, gqa_label
-from halwatch.watchdog.explore import ExploreConfig, Explorer, seed_questions
-from halwatch.watchdog.explore import check as check_query
-from halwatch.watchdog.store import open_store
+from halwatch.watchdog.exploration import ExploreConfig, Explorer, seed_questions
+from halwatch.watchdog.exploration import check as check_query
+from halwatch.watchdog.store import StoreError, open_store
 
 
 class _Clients:
     """Opens each distinct URI once (a local model is loaded once even when it plays several agents)."""
 
-    def __init__(self, **options):
-        self.options, self.open = options, {}
+    def __init__(self, keys=None, **options):
+        self.keys, self.options, self.open = keys or {}, options, {}
 
     def get(self, uri):
         if uri is None:
             return None
         if uri not in self.open:
-            self.open[uri] = open_client(uri, **self.options)
+            self.open[uri] = open_client(uri, keys=self.keys, **self.options)
         return self.open[uri]
 
     async def aclose(self):
@@ -53,26 +56,79 @@ async def _session(store: str, client_options: dict | None):
         db.close()
 
 
-def explore(domain: str, store: str, target: str = "local:smollm2-135m", generator: str | None = None,
-            judge: str | None = None, progress=None, client_options: dict | None = None, **config) -> dict:
-    """Explore ``domain``'s bound into ``store`` (resuming from it); returns the summary."""
-    the_domain = Domain(domain)  # a bad title fails before anything is opened or written
+def _agent(domain, target, agent, clients):
+    """The agent to watch: a user's object, a black-box endpoint, or the built-in RAG agent with ``target``."""
+    if agent is None:
+        return TargetAgent(domain, clients.get(target))
+    if isinstance(agent, str):
+        return EndpointAgent(clients.get(agent))
+    if not callable(getattr(agent, "answer", None)) or not hasattr(agent, "name"):
+        raise HalwatchError("an agent needs a name and an async answer(query, n, temperature, seed, logprobs)")
+    return agent
+
+
+def _clustering(judge: str | None) -> dict:
+    """How semantic entropy clusters answers: by bidirectional entailment when a judge is given, else by the
+    cosine rule (the labelled fallback)."""
+    if judge:
+        return {"method": "entailment", "judge": judge}
+    return {"method": "embedding", "note": "fallback: all-MiniLM-L6-v2 cosine >= 0.85 (no --judge)"}
+
+
+def _entropy_options(meta: dict, clients) -> dict:
+    clustering = meta.get("clustering") or {"method": "embedding"}
+    if clustering["method"] == "entailment":
+        return {"method": "entailment", "judge": clients.get(clustering["judge"])}
+    return {"method": "embedding"}
+
+
+def calibrate(db, embedder, events=None) -> dict:
+    """Calibrate ``epsilon`` on the store's explored queries (:func:`monitor.calibrate_epsilon`) and record it."""
+    events = db.events() if events is None else events
+    point_ids, point_vectors = db.vectors()
+    record = monitor.calibrate_epsilon([e["hallucinated"] for e in events], embedder([e["query"] for e in events]),
+                                       [e["id"] for e in events], point_ids, point_vectors)
+    record["embedder"] = embedder.name
+    db.set_meta(epsilon=record)
+    return record
+
+
+def explore(domain: str | None, store: str, target: str = "local:smollm2-135m", generator: str | None = None,
+            judge: str | None = None, progress=None, client_options: dict | None = None, agent=None, corpus=None,
+            seeds=None, embedder: str | None = None, **config) -> dict:
+    """Explore the bound of an agent over a domain into ``store`` (resuming from it); returns the summary.
+    ``domain``: a SQuAD article title, or the title of ``corpus`` (a folder of documents); ``seeds``: a file of
+    initial queries; ``agent``: see the module's docstring; ``embedder``: a sentence-transformers folder (default
+    all-MiniLM-L6-v2)."""
+    the_domain = open_domain(domain, corpus, seeds)  # bad input fails before anything is opened or written
+    the_embedder = get_embedder(embedder)
 
     async def main():
         async with _session(store, client_options) as (db, clients):
-            agent = TargetAgent(the_domain, clients.get(target))
-            explorer = Explorer(agent, clients.get(generator or target), Evaluator(clients.get(judge)), db,
-                                ExploreConfig(domain=domain, **config), progress=progress)
-            return await explorer.run()
+            the_agent = _agent(the_domain, target, agent, clients)
+            gen = clients.get(generator or target)
+            explorer = Explorer(the_domain, the_agent, gen, Evaluator(clients.get(judge)), db, the_embedder,
+                                ExploreConfig(domain=the_domain.title, **config), progress=progress,
+                                clustering=_clustering(judge))
+            summary = await explorer.run()
+            summary["epsilon"] = calibrate(db, the_embedder, explorer.events)
+            summary["embedder"] = the_embedder.record()
+            return summary
 
     return asyncio.run(main())
 
 
-def _agent_for(meta, db, target, clients, domain=None):
-    domain = domain or meta.get("domain")
-    if not domain:
-        raise HalwatchError(f"the store {db.uri} has no domain yet: explore it first, or give --domain")
-    return TargetAgent(Domain(domain), clients.get(target))
+def _store_embedder(meta, embedder: str | None):
+    """The embedder of a store: ``embedder`` when given (the store refuses another), else the one it recorded."""
+    recorded = (meta.get("embedder") or {}).get("name")
+    return get_embedder(embedder or (recorded if recorded and recorded != "all-MiniLM-L6-v2" else None))
+
+
+def _epsilon(meta, epsilon) -> float:
+    """``epsilon`` as given, else the store's calibrated one, else the paper's 0.8."""
+    if epsilon is not None:
+        return float(epsilon)
+    return float((meta.get("epsilon") or {}).get("value", monitor.EPSILON))
 
 
 def _sampling(meta, k, temperature) -> tuple[int, float]:
@@ -81,16 +137,35 @@ def _sampling(meta, k, temperature) -> tuple[int, float]:
     return (k or meta.get("k", 5)), (temperature or meta.get("sample_temperature", 0.5))
 
 
+def _the_agent(meta, db, target, agent, clients, domain=None, corpus=None):
+    if agent is not None and not isinstance(agent, str):
+        return agent
+    if agent is not None:
+        return EndpointAgent(clients.get(agent))
+    domain = domain or meta.get("domain")
+    if not domain and not corpus:
+        raise HalwatchError(f"the store {db.uri} has no domain yet: explore it first, or give --domain")
+    return TargetAgent(open_domain(domain, corpus), clients.get(target))
+
+
 def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | None = None,
-          epsilon: float = monitor.EPSILON, domain: str | None = None, client_options: dict | None = None,
-          temperature: float | None = None) -> dict:
+          epsilon: float | None = None, domain: str | None = None, client_options: dict | None = None,
+          temperature: float | None = None, agent=None, corpus=None, embedder: str | None = None) -> dict:
     """Algorithm 1 verdict for ``query`` against the boundary points in ``store``."""
+    if not query.strip():
+        raise HalwatchError("empty query")
+
     async def main():
         async with _session(store, client_options) as (db, clients):
             meta = db.meta()
+            if not db.count():
+                raise StoreError(f"the store {db.uri} has no boundary points: run `halwatch watch explore` first")
+            the_embedder = _store_embedder(meta, embedder)
+            db.bind_embedder(the_embedder)
             k_, t_ = _sampling(meta, k, temperature)
-            agent = _agent_for(meta, db, target, clients, domain)
-            return await check_query(query, db, agent, k=k_, epsilon=epsilon, temperature=t_)
+            the_agent = _the_agent(meta, db, target, agent, clients, domain, corpus)
+            return await check_query(query, db, the_agent, the_embedder, k=k_, epsilon=_epsilon(meta, epsilon),
+                                     temperature=t_, entropy_options=_entropy_options(meta, clients))
 
     return asyncio.run(main())
 
@@ -104,6 +179,7 @@ def _icl_demos(domain, seeds) -> str:
     """In-context demonstrations from the seed questions: a reference answer (correct) and another question's
     reference answer (incorrect), alternating."""
     out = []
+    seeds = [q for q in seeds if q.answers]
     for i, q in enumerate(seeds[:4]):
         wrong = seeds[(i + 1) % len(seeds)].answers[0]
         answer, verdict = (q.answers[0], "yes") if i % 2 == 0 else (wrong, "no")
@@ -112,20 +188,21 @@ def _icl_demos(domain, seeds) -> str:
     return "".join(out)
 
 
-async def _score_question(q, agent, judge, db, demos, k, epsilon, temperature, seed):
+async def _score_question(q, agent, domain, judge, db, embedder, demos, k, epsilon, temperature, seed,
+                          entropy_options):
     from halwatch.detectors.sampling import selfcheck_unigram
-    from halwatch.watchdog.embed import embed
     from halwatch.watchdog.entropy import semantic_entropy
 
     context, greedy = await agent.answer(q.question, logprobs=True)
     _, samples = await agent.answer(q.question, n=k, temperature=temperature, seed=seed)
+    context = context if context is not None else "\n\n".join(domain.retrieve(q.question, 2))
     answer, texts = greedy[0].text, [s.text for s in samples]
     label = gqa_label(answer, q.answers)
     icl = await judge.chat([{"role": "user", "content": ICL.format(demos=demos, context=context[:1200],
                                                                    question=q.question, answer=answer)}],
                            max_tokens=1, top_logprobs=5)
-    entropy = await semantic_entropy(texts, q.question)
-    verdict = monitor.decide(db, embed([q.question])[0], entropy, epsilon)
+    entropy = await semantic_entropy(texts, q.question, **entropy_options)
+    verdict = monitor.decide(db, embedder([q.question])[0], entropy, epsilon)
     return {"id": q.id, "question": q.question, "answer": answer, "label": int(label.hallucinated),
             "gqa": round(label.score, 4), "entropy": entropy,
             "scores": {"halmit": verdict["score"], "pp": -greedy[0].mean_logprob,
@@ -141,6 +218,7 @@ def _metrics(labels, scores, own_decision: bool = False) -> dict:
     from halwatch.eval.metrics import evaluate
 
     labels, scores = np.asarray(labels), np.asarray(scores, dtype=float)
+    scores = np.where(np.isfinite(scores), scores, np.nanmedian(scores) if np.isfinite(scores).any() else 0.0)
     if own_decision:  # HalMit's score is >= 0.5 exactly when it flags the query
         return evaluate(labels, scores, 0.5)
     halves = [np.arange(len(labels)) % 2 == h for h in (0, 1)]
@@ -153,40 +231,77 @@ def _metrics(labels, scores, own_decision: bool = False) -> dict:
     return {**at, **threshold_free}
 
 
-def bench(domain: str, store: str, target: str = "local:smollm2-135m", judge: str | None = None, n_test: int = 40,
-          k: int | None = None, epsilon: float = monitor.EPSILON, temperature: float | None = None, seed: int = 0,
-          out=None, client_options: dict | None = None, progress: bool = True) -> dict:
-    """Monitor vs baselines on ``n_test`` held-out questions of ``domain`` (the shuffle after the seed pool),
-    labelled by the GQA rule on the agent's greedy answer."""
+def _done_rows(path: Path | None) -> list[dict]:
+    """Rows a stopped ``bench`` already wrote (a half-written last line is dropped)."""
+    if path is None or not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", judge: str | None = None,
+          n_test: int = 40, k: int | None = None, epsilon: float | None = None, temperature: float | None = None,
+          seed: int = 0, out=None, client_options: dict | None = None, progress: bool = True, agent=None,
+          corpus=None, seeds=None, embedder: str | None = None) -> dict:
+    """Monitor vs baselines on ``n_test`` held-out questions of the domain (the shuffle after the seed pool),
+    labelled by the GQA rule on the agent's greedy answer. With ``out``, each question's row is appended to
+    ``OUT.rows.jsonl`` as it finishes, and a new run with the same ``out`` goes on from there."""
     from halwatch.progress import progress as progress_bar
+
+    the_domain = open_domain(domain, corpus, seeds)
+    rows_path = Path(str(out) + ".rows.jsonl") if out else None
+    if rows_path is not None:
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
 
     async def main():
         async with _session(store, client_options) as (db, clients):
             meta = db.meta()
             if not db.count():
                 raise HalwatchError(f"the store {store} has no boundary points: run `halwatch watch explore` first")
-            agent = TargetAgent(Domain(domain), clients.get(target))
+            the_embedder = _store_embedder(meta, embedder)
+            db.bind_embedder(the_embedder)
+            the_agent = _agent(the_domain, target, agent, clients)
             k_, t_ = _sampling(meta, k, temperature)
-            seeds, rest = seed_questions(agent.domain, meta.get("n_seeds", 10), meta.get("seed", seed))
-            demos = _icl_demos(agent.domain, seeds)
-            rows = []
-            questions = progress_bar(rest[:n_test], desc="watch bench", unit="question", disable=not progress)
-            for i, q in enumerate(questions):
-                rows.append(await _score_question(q, agent, clients.get(judge or target), db, demos, k_, epsilon,
-                                                  t_, seed + i))
-            return rows, meta
+            eps = _epsilon(meta, epsilon)
+            pool, rest = seed_questions(the_domain, meta.get("n_seeds", 10), meta.get("seed", seed))
+            rest = [q for q in rest if q.answers]
+            if not rest:
+                raise HalwatchError("no held-out questions with reference answers: give --seeds with more questions "
+                                    "(with answers) than the exploration's seed pool")
+            demos = _icl_demos(the_domain, [q for q in pool if q.answers] or rest)
+            rows = _done_rows(rows_path)[:n_test]
+            done = {r["id"] for r in rows}
+            if rows_path is not None:  # rewrite what was kept (drops a half-written line)
+                rows_path.write_text("".join(json.dumps(r, default=float) + "\n" for r in rows))
+            todo = [q for q in rest[:n_test] if q.id not in done]
+            options = _entropy_options(meta, clients)
+            for i, q in enumerate(progress_bar(todo, desc="watch bench", unit="question", disable=not progress)):
+                row = await _score_question(q, the_agent, the_domain, clients.get(judge or target), db, the_embedder,
+                                            demos, k_, eps, t_, seed + len(rows) + i, options)
+                rows.append(row)
+                if rows_path is not None:
+                    with open(rows_path, "a") as f:
+                        f.write(json.dumps(row, default=float) + "\n")
+            return rows, meta, eps
 
-    rows, meta = asyncio.run(main())
+    rows, meta, eps = asyncio.run(main())
+    order = {q.id: i for i, q in enumerate(seed_questions(the_domain, meta.get("n_seeds", 10),
+                                                          meta.get("seed", seed))[1])}
+    rows.sort(key=lambda r: order.get(r["id"], 0))
     labels = [r["label"] for r in rows]
     table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
              for name in rows[0]["scores"]}
-    result = {"domain": domain, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
-              "epsilon": epsilon, "exploration": {key: meta.get(key) for key in
-                                                          ("policy", "evaluated", "hallucinated", "gamma")},
-              "cases": {c: sum(r["halmit_case"] == c for r in rows) for c in {r["halmit_case"] for r in rows}},
+    result = {"domain": the_domain.title, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
+              "base_rate": round(float(np.mean(labels)), 4), "epsilon": eps,
+              "exploration": {key: meta.get(key) for key in ("policy", "fanout", "clustering")},
+              "cases": {c: sum(r["halmit_case"] == c for r in rows) for c in sorted({r["halmit_case"] for r in rows})},
               "metrics": table, "rows": rows}
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(out) + ".tmp")
         tmp.write_text(json.dumps(result, indent=1, default=float))
         tmp.replace(out)
@@ -198,7 +313,7 @@ def curves(stores, last: int = 30, out=None) -> dict:
     order they were recorded, paths interleaved), with a summary per curve: mean, least-squares slope per step, mean
     absolute step-to-step change (volatility), the share of steps that keep or raise the entropy, and the mean
     entropy at each path depth (0 = seed) over the whole exploration. ``out``: a PNG of the curves."""
-    from halwatch.watchdog.explore import entropy_curve
+    from halwatch.watchdog.exploration import entropy_curve
 
     result = {}
     for uri in stores:

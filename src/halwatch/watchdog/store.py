@@ -9,9 +9,14 @@ Two backends, one contract (:class:`Store`):
   first use; a Unix socket, no TCP port) and uses it.
 
 Every explored query is one :meth:`Store.record` call, one transaction: its event row, its boundary point (when
-hallucinated) with its embedding, and the exploration's state in ``meta``. A writer killed mid-exploration loses at
-most the query being written; the store stays consistent (SQLite in WAL mode with full sync, PostgreSQL's own
-write-ahead log), and the exploration resumes from the events.
+hallucinated) with its embedding, and the exploration's state in ``meta`` (written as upserts, so that two explorers
+on one store do not collide). A writer killed mid-exploration loses at most the query being written; the store stays
+consistent (SQLite in WAL mode with full sync, PostgreSQL's own write-ahead log), and the exploration resumes from the
+events. A call that failed for good is kept in ``failures`` with its query and error.
+
+The store records its embedder (:meth:`Store.bind_embedder`: name, hash, dimensions) and refuses another one. On
+PostgreSQL the embeddings have an HNSW index (pgvector, cosine). A password in a ``postgresql://`` URI never appears
+in a message or in the store's ``uri`` (:func:`redact`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class Store:
     def _init_tables(self, id_type: str, real: str) -> None:
         with self._tx():
             self._exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._exec(f"CREATE TABLE IF NOT EXISTS failures (id {id_type} PRIMARY KEY, query TEXT NOT NULL, "
+                       f"error TEXT NOT NULL)")
             self._exec(f"CREATE TABLE IF NOT EXISTS events (id {id_type} PRIMARY KEY, path INTEGER, depth INTEGER, "
                        f"parent INTEGER, query TEXT NOT NULL, transform TEXT, hallucinated INTEGER NOT NULL, "
                        f"entropy {real}, reward {real}, state INTEGER, method TEXT, answer TEXT, probabilities TEXT)")
@@ -62,7 +69,7 @@ class Store:
                 values = [_plain(point.get(k)) for k in POINT_FIELDS]
                 self._exec(f"INSERT INTO points (id, {', '.join(POINT_FIELDS)}) VALUES ({', '.join([p] * 6)})",
                            [event_id, *values])
-                self._put_vector(event_id, _vector(vector))
+                self._put_vector(event_id, _vector(vector, self.dim))
             for key, value in (meta or {}).items():
                 self._set_meta(key, value)
         return event_id
@@ -80,8 +87,37 @@ class Store:
 
     def _set_meta(self, key, value) -> None:
         p = self.P
-        self._exec(f"DELETE FROM meta WHERE key = {p}", [key])
-        self._exec(f"INSERT INTO meta (key, value) VALUES ({p}, {p})", [key, json.dumps(value)])
+        self._exec(f"INSERT INTO meta (key, value) VALUES ({p}, {p}) ON CONFLICT (key) DO UPDATE SET value = "
+                   f"excluded.value", [key, json.dumps(value)])
+
+    def record_failure(self, query: str, error: str) -> None:
+        """A query whose endpoint call failed for good (after the client's retries)."""
+        with self._tx():
+            self._exec(f"INSERT INTO failures (query, error) VALUES ({self.P}, {self.P})", [query, error[:2000]])
+
+    def failures(self) -> list[dict]:
+        return [{"id": i, "query": q, "error": e} for i, q, e in
+                self._exec("SELECT id, query, error FROM failures ORDER BY id")]
+
+    def bind_embedder(self, embedder) -> None:
+        """Record ``embedder`` (its :meth:`~halwatch.watchdog.embed.Embedder.record`) as the store's, or refuse it
+        when the store's points were embedded by another model."""
+        mine = self.meta().get("embedder")
+        theirs = embedder.record()
+        if mine is None:
+            if self.count():
+                mine = {"name": "all-MiniLM-L6-v2", "dim": self.dim}  # a store from before embedders were recorded
+            else:
+                if theirs["dim"] != self.dim:
+                    self._make_vectors(theirs["dim"], replace=True)
+                self.set_meta(embedder=theirs)
+                return
+        if mine.get("name") != theirs["name"] or mine.get("hash", theirs["hash"]) != theirs["hash"]:
+            raise StoreError(f"the store {self.uri} was embedded with {mine.get('name')} (hash {mine.get('hash')}), "
+                             f"not {theirs['name']} (hash {theirs['hash']}): use --embedder {mine.get('name')}, or "
+                             f"another store")
+        if "hash" not in mine:
+            self.set_meta(embedder=theirs)
 
     # reading
     def meta(self) -> dict:
@@ -98,6 +134,10 @@ class Store:
 
     def count(self) -> int:
         return int(self._exec("SELECT COUNT(*) FROM points")[0][0])
+
+    def vectors(self) -> tuple[list[int], np.ndarray]:
+        """Every boundary point's id and unit vector, in id order."""
+        raise NotImplementedError
 
     def point(self, point_id: int) -> dict:
         rows = self._exec(f"SELECT id, {', '.join(POINT_FIELDS)} FROM points WHERE id = {self.P}", [point_id])
@@ -123,11 +163,19 @@ def _plain(value):
     return value
 
 
-def _vector(vector) -> np.ndarray:
+def _vector(vector, dim: int = DIM) -> np.ndarray:
     v = np.asarray(vector, dtype=np.float32).reshape(-1)
-    if v.shape != (DIM,) or not np.isfinite(v).all() or not np.linalg.norm(v) > 0:
-        raise StoreError(f"a point's embedding must be {DIM} finite numbers, not all zero")
+    if v.shape != (dim,) or not np.isfinite(v).all() or not np.linalg.norm(v) > 0:
+        raise StoreError(f"a point's embedding must be {dim} finite numbers, not all zero")
     return v / np.linalg.norm(v)
+
+
+def redact(uri: str) -> str:
+    """``uri`` with the password of its user part (``user:password@``) and of a ``password=`` parameter hidden."""
+    import re
+
+    uri = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", uri)
+    return re.sub(r"(password=)[^&\s]*", r"\1***", uri, flags=re.IGNORECASE)
 
 
 class SqliteStore(Store):
@@ -149,11 +197,25 @@ class SqliteStore(Store):
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._init_tables("INTEGER", "REAL")
-            with self._tx():
-                self._exec(f"CREATE VIRTUAL TABLE IF NOT EXISTS vectors USING vec0(embedding float[{DIM}] "
-                           f"distance_metric=cosine)")
+            self.dim = self._vector_dim()
+            if self.dim is None:
+                self._make_vectors(self.meta().get("embedder", {}).get("dim", DIM))
         except apsw.Error as exc:
             raise StoreError(f"cannot open {path} as a store: {exc}") from None
+
+    def _vector_dim(self) -> int | None:
+        import re
+
+        rows = self._exec("SELECT sql FROM sqlite_master WHERE name = 'vectors'")
+        return int(re.search(r"float\[(\d+)\]", rows[0][0]).group(1)) if rows else None
+
+    def _make_vectors(self, dim: int, replace: bool = False) -> None:
+        with self._tx():
+            if replace:
+                self._exec("DROP TABLE IF EXISTS vectors")
+            self._exec(f"CREATE VIRTUAL TABLE IF NOT EXISTS vectors USING vec0(embedding float[{int(dim)}] "
+                       f"distance_metric=cosine)")
+        self.dim = int(dim)
 
     def _tx(self):
         return self._db
@@ -172,8 +234,13 @@ class SqliteStore(Store):
         if k < 1 or not self.count():
             return []
         rows = self._exec("SELECT rowid, distance, embedding FROM vectors WHERE embedding MATCH ? AND k = ? "
-                          "ORDER BY distance", [_vector(vector).tobytes(), int(k)])
+                          "ORDER BY distance", [_vector(vector, self.dim).tobytes(), int(k)])
         return [(self.point(r), 1.0 - float(d), np.frombuffer(e, dtype=np.float32)) for r, d, e in rows]
+
+    def vectors(self):
+        rows = self._exec("SELECT rowid, embedding FROM vectors ORDER BY rowid")
+        return [int(r) for r, _ in rows], np.array([np.frombuffer(e, dtype=np.float32) for _, e in rows],
+                                                   dtype=np.float32).reshape(len(rows), self.dim)
 
     def integrity(self) -> str:
         return str(self._exec("PRAGMA integrity_check")[0][0])
@@ -188,16 +255,31 @@ class PgStore(Store):
     def __init__(self, uri: str, server=None):
         import psycopg
 
-        self.uri, self._server = uri, server
+        self.uri, self._server = redact(uri), server
         try:
             self._db = psycopg.connect(uri, autocommit=True, connect_timeout=10)
             self._db.execute("CREATE EXTENSION IF NOT EXISTS vector")
         except psycopg.Error as exc:
-            raise StoreError(f"cannot open the PostgreSQL store {uri}: {str(exc).strip().splitlines()[0]}") from None
+            message = redact(str(exc).strip().splitlines()[0])
+            raise StoreError(f"cannot open the PostgreSQL store {self.uri}: {message}") from None
         self._init_tables("BIGSERIAL", "DOUBLE PRECISION")
+        self.dim = self._vector_dim()
+        if self.dim is None:
+            self._make_vectors(self.meta().get("embedder", {}).get("dim", DIM))
+
+    def _vector_dim(self) -> int | None:
+        rows = self._exec("SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass('vectors') "
+                          "AND attname = 'embedding'")
+        return int(rows[0][0]) if rows else None
+
+    def _make_vectors(self, dim: int, replace: bool = False) -> None:
         with self._tx():
+            if replace:
+                self._exec("DROP TABLE IF EXISTS vectors")
             self._exec(f"CREATE TABLE IF NOT EXISTS vectors (id BIGINT PRIMARY KEY REFERENCES points(id), "
-                       f"embedding vector({DIM}) NOT NULL)")
+                       f"embedding vector({int(dim)}) NOT NULL)")
+            self._exec("CREATE INDEX IF NOT EXISTS vectors_hnsw ON vectors USING hnsw (embedding vector_cosine_ops)")
+        self.dim = int(dim)
 
     def _tx(self):
         return self._db.transaction()
@@ -213,9 +295,29 @@ class PgStore(Store):
         self._db.execute("INSERT INTO vectors (id, embedding) VALUES (%s, %s::vector)", [point_id, _literal(v)])
 
     def nearest(self, vector, k: int):
-        rows = self._exec("SELECT id, embedding <=> %s::vector AS d, embedding::text FROM vectors ORDER BY d LIMIT %s",
-                          [_literal(_vector(vector)), int(k)])
+        """Through the HNSW index (approximate) for the few neighbours the monitor asks for, its candidate list
+        (``hnsw.ef_search``) at least four times ``k``; for more than 100 the search is exact (no index), since an
+        HNSW scan may return fewer points than asked."""
+        with self._tx():
+            self._exec(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, 4 * int(k)))}")
+            if k > 100:
+                self._exec("SET LOCAL enable_indexscan = off")
+            rows = self._exec("SELECT id, embedding <=> %s::vector AS d, embedding::text FROM vectors ORDER BY d "
+                              "LIMIT %s", [_literal(_vector(vector, self.dim)), int(k)])
         return [(self.point(r), 1.0 - float(d), np.array(json.loads(e), dtype=np.float32)) for r, d, e in rows]
+
+    def vectors(self):
+        rows = self._exec("SELECT id, embedding::text FROM vectors ORDER BY id")
+        return [int(r) for r, _ in rows], np.array([json.loads(e) for _, e in rows],
+                                                   dtype=np.float32).reshape(len(rows), self.dim)
+
+    def uses_index(self) -> bool:
+        """Whether PostgreSQL plans the nearest-neighbour search with the HNSW index (sequential scans off)."""
+        with self._tx():
+            self._exec("SET LOCAL enable_seqscan = off")
+            plan = self._exec("EXPLAIN SELECT id FROM vectors ORDER BY embedding <=> %s::vector LIMIT 3",
+                              [_literal(np.ones(self.dim) / np.sqrt(self.dim))])
+        return any("vectors_hnsw" in row[0] for row in plan)
 
     def integrity(self) -> str:
         orphans = self._exec("SELECT COUNT(*) FROM points p LEFT JOIN vectors v ON v.id = p.id WHERE v.id IS NULL")
@@ -246,15 +348,20 @@ def open_store(uri: str) -> Store:
         return PgStore(uri)
     if uri.startswith("pgserver:"):
         import logging
+        import warnings
 
-        import pgserver
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
 
         folder = uri[len("pgserver:"):].removeprefix("//")
         if not folder:
             raise StoreError("pgserver: needs a data folder, e.g. pgserver:./pgdata")
         logging.getLogger("pgserver").setLevel(logging.ERROR)
         try:
-            server = pgserver.get_server(Path(folder).resolve(), cleanup_mode="stop")
+            with warnings.catch_warnings():  # platformdirs' note that XDG_RUNTIME_DIR is unset: noise here
+                warnings.simplefilter("ignore")
+                server = pgserver.get_server(Path(folder).resolve(), cleanup_mode="stop")
         except Exception as exc:  # pgserver raises plain exceptions for a bad folder or a failed start
             raise StoreError(f"cannot start PostgreSQL in {folder}: {exc}") from None
         return PgStore(server.get_uri(), server=server)
