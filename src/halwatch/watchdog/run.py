@@ -294,8 +294,10 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
                                                           meta.get("seed", seed))[1])}
     rows.sort(key=lambda r: order.get(r["id"], 0))
     labels = [r["label"] for r in rows]
-    table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
-             for name in rows[0]["scores"]}
+    table = {}  # metrics need two questions at least (the baselines' thresholds are cross-fitted over two halves)
+    if len(rows) >= 2:
+        table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
+                 for name in rows[0]["scores"]}
     result = {"domain": the_domain.title, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
               "base_rate": round(float(np.mean(labels)), 4), "epsilon": eps,
               "exploration": {key: meta.get(key) for key in ("policy", "fanout", "clustering")},
