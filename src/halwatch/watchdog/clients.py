@@ -22,7 +22,8 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from halwatch.errors import HalwatchError
+from halwatch.errors import HalwatchError, InputError
+from halwatch.models.chat import message_text
 from halwatch.net import env_secret, loopback
 
 log = logging.getLogger("halwatch")
@@ -31,9 +32,9 @@ log = logging.getLogger("halwatch")
 class EndpointError(HalwatchError):
     """An LLM endpoint cannot be reached, keeps failing or refuses a request (``status``: its HTTP status)."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, body: str = ""):
         super().__init__(message)
-        self.status = status
+        self.status, self.body = status, body
 
 
 @dataclass
@@ -156,7 +157,7 @@ class OpenAIClient:
                 continue
             if response.status_code >= 400:
                 raise EndpointError(f"{url}: HTTP {response.status_code}: {response.text[:300]}",
-                                    status=response.status_code)
+                                    status=response.status_code, body=response.text)
             try:
                 return response.json()
             except ValueError:
@@ -175,20 +176,20 @@ class OpenAIClient:
         return payload
 
     async def _ask(self, messages, n, temperature, max_tokens, seed, top_logprobs) -> list[Completion]:
-        """One request, adapting once to a server that refuses ``logprobs`` or ``max_tokens``."""
-        for _ in range(3):
+        """One request, adapting to a server that refuses ``logprobs`` or ``max_tokens`` (each at most once: a
+        refusal of what was already dropped is raised)."""
+        while True:
             try:
                 return self._parse(await self._post(self._payload(messages, n, temperature, max_tokens, seed,
                                                                   top_logprobs)))
             except EndpointError as exc:
-                refused = exc.status == 400 and str(exc).split(": HTTP 400: ", 1)[-1]
-                if refused and self.logprobs and "logprobs" in refused:
+                refused = exc.body if exc.status == 400 else ""
+                if self.logprobs and "logprobs" in refused:
                     self.logprobs = False
-                elif refused and self.tokens_field == "max_tokens" and "max_tokens" in refused:
+                elif self.tokens_field == "max_tokens" and "max_tokens" in refused:
                     self.tokens_field = "max_completion_tokens"
                 else:
                     raise
-        raise EndpointError(f"{self.base_url}: the request was refused after adapting it")  # pragma: no cover
 
     def _parse(self, data) -> list[Completion]:
         try:
@@ -197,9 +198,10 @@ class OpenAIClient:
                 tokens = ((choice.get("logprobs") or {}).get("content")) or []
                 top = {t["token"]: t["logprob"] for t in tokens[0].get("top_logprobs", [])} if tokens else {}
                 logprob = sum(t["logprob"] for t in tokens) if tokens else float("nan")
-                result.append(Completion(message_text(choice["message"].get("content")), logprob, len(tokens), top,
-                                         choice.get("finish_reason") != "length"))
-        except (KeyError, TypeError, IndexError, AttributeError):
+                content = choice["message"].get("content")
+                result.append(Completion("" if content is None else message_text(content), logprob, len(tokens),
+                                         top, choice.get("finish_reason") != "length"))
+        except (KeyError, TypeError, IndexError, AttributeError, InputError):
             raise EndpointError(f"{self.base_url}: not an OpenAI chat completion reply: {str(data)[:200]}") from None
         return result
 
@@ -218,20 +220,8 @@ class OpenAIClient:
         await self._http.aclose()
 
 
-def message_text(content) -> str:
-    """A reply message's text: a string, or the text of a list of content parts joined; ``None`` is empty."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
-    raise TypeError(content)
-
-
 def _warn_plain_http(base_url: str) -> None:
     from urllib.parse import urlsplit
-
 
     parts = urlsplit(base_url)
     if parts.scheme == "http" and not loopback(parts.hostname or ""):

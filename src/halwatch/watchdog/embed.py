@@ -91,9 +91,13 @@ def _load(folder: str):
     return SentenceTransformer(folder, device="cpu")
 
 
-@functools.lru_cache(maxsize=4)
 def embedder(spec: str | None = None) -> Embedder:
     """The embedder for ``spec`` (default all-MiniLM-L6-v2), made once per process."""
+    return _embedder(str(spec or DEFAULT))
+
+
+@functools.lru_cache(maxsize=4)
+def _embedder(spec: str) -> Embedder:
     return Embedder(spec)
 
 

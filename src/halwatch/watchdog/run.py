@@ -120,8 +120,7 @@ def explore(domain: str | None, store: str, target: str = "local:smollm2-135m", 
 
 def _store_embedder(meta, embedder: str | None):
     """The embedder of a store: ``embedder`` when given (the store refuses another), else the one it recorded."""
-    recorded = (meta.get("embedder") or {}).get("name")
-    return get_embedder(embedder or (recorded if recorded and recorded != "all-MiniLM-L6-v2" else None))
+    return get_embedder(embedder or (meta.get("embedder") or {}).get("name"))
 
 
 def _epsilon(meta, epsilon) -> float:
@@ -138,14 +137,18 @@ def _sampling(meta, k, temperature) -> tuple[int, float]:
 
 
 def _the_agent(meta, db, target, agent, clients, domain=None, corpus=None):
-    if agent is not None and not isinstance(agent, str):
-        return agent
+    """The agent of ``check``: as :func:`_agent`, the built-in one over the store's domain unless told otherwise."""
     if agent is not None:
-        return EndpointAgent(clients.get(agent))
+        return _agent(None, target, agent, clients)
     domain = domain or meta.get("domain")
     if not domain and not corpus:
         raise HalwatchError(f"the store {db.uri} has no domain yet: explore it first, or give --domain")
-    return TargetAgent(open_domain(domain, corpus), clients.get(target))
+    return _agent(open_domain(domain, corpus), target, None, clients)
+
+
+def _require_points(db) -> None:
+    if not db.count():
+        raise StoreError(f"the store {db.uri} has no boundary points: run `halwatch watch explore` first")
 
 
 def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | None = None,
@@ -158,8 +161,7 @@ def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | N
     async def main():
         async with _session(store, client_options) as (db, clients):
             meta = db.meta()
-            if not db.count():
-                raise StoreError(f"the store {db.uri} has no boundary points: run `halwatch watch explore` first")
+            _require_points(db)
             the_embedder = _store_embedder(meta, embedder)
             db.bind_embedder(the_embedder)
             k_, t_ = _sampling(meta, k, temperature)
@@ -261,8 +263,7 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
     async def main():
         async with _session(store, client_options) as (db, clients):
             meta = db.meta()
-            if not db.count():
-                raise HalwatchError(f"the store {store} has no boundary points: run `halwatch watch explore` first")
+            _require_points(db)
             the_embedder = _store_embedder(meta, embedder)
             db.bind_embedder(the_embedder)
             the_agent = _agent(the_domain, target, agent, clients)
@@ -287,12 +288,11 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
                 if rows_path is not None:
                     with open(rows_path, "a") as f:
                         f.write(json.dumps(row, default=float) + "\n")
+            order = {q.id: i for i, q in enumerate(rest)}
+            rows.sort(key=lambda r: order.get(r["id"], 0))  # rows from an earlier run first; the held-out order
             return rows, meta, eps
 
     rows, meta, eps = asyncio.run(main())
-    order = {q.id: i for i, q in enumerate(seed_questions(the_domain, meta.get("n_seeds", 10),
-                                                          meta.get("seed", seed))[1])}
-    rows.sort(key=lambda r: order.get(r["id"], 0))
     labels = [r["label"] for r in rows]
     table = {}  # metrics need two questions at least (the baselines' thresholds are cross-fitted over two halves)
     if len(rows) >= 2:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from halwatch.errors import HalwatchError
-from halwatch.watchdog.embed import DIM
+from halwatch.watchdog.embed import DEFAULT, DIM
 
 
 class StoreError(HalwatchError):
@@ -55,6 +55,12 @@ class Store:
                        f"entropy {real}, reward {real}, state INTEGER, method TEXT, answer TEXT, probabilities TEXT)")
             self._exec(f"CREATE TABLE IF NOT EXISTS points (id {id_type} PRIMARY KEY, query TEXT NOT NULL, "
                        f"answers TEXT NOT NULL, entropy {real} NOT NULL, context TEXT, method TEXT)")
+
+    def _init_vectors(self) -> None:
+        """The vectors table as it is, or made with the dimension of the store's embedder (384 by default)."""
+        self.dim = self._vector_dim()
+        if self.dim is None:
+            self._make_vectors(self.meta().get("embedder", {}).get("dim", DIM))
 
     # writing
     def record(self, event: dict, point: dict | None = None, vector=None, meta: dict | None = None) -> int:
@@ -106,7 +112,7 @@ class Store:
         theirs = embedder.record()
         if mine is None:
             if self.count():
-                mine = {"name": "all-MiniLM-L6-v2", "dim": self.dim}  # a store from before embedders were recorded
+                mine = {"name": DEFAULT, "dim": self.dim}  # a store from before embedders were recorded
             else:
                 if theirs["dim"] != self.dim:
                     self._make_vectors(theirs["dim"], replace=True)
@@ -197,9 +203,7 @@ class SqliteStore(Store):
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._init_tables("INTEGER", "REAL")
-            self.dim = self._vector_dim()
-            if self.dim is None:
-                self._make_vectors(self.meta().get("embedder", {}).get("dim", DIM))
+            self._init_vectors()
         except apsw.Error as exc:
             raise StoreError(f"cannot open {path} as a store: {exc}") from None
 
@@ -263,9 +267,7 @@ class PgStore(Store):
             message = redact(str(exc).strip().splitlines()[0])
             raise StoreError(f"cannot open the PostgreSQL store {self.uri}: {message}") from None
         self._init_tables("BIGSERIAL", "DOUBLE PRECISION")
-        self.dim = self._vector_dim()
-        if self.dim is None:
-            self._make_vectors(self.meta().get("embedder", {}).get("dim", DIM))
+        self._init_vectors()
 
     def _vector_dim(self) -> int | None:
         rows = self._exec("SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass('vectors') "
@@ -350,20 +352,18 @@ def open_store(uri: str) -> Store:
         import logging
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-
         folder = uri[len("pgserver:"):].removeprefix("//")
         if not folder:
             raise StoreError("pgserver: needs a data folder, e.g. pgserver:./pgdata")
         logging.getLogger("pgserver").setLevel(logging.ERROR)
-        try:
-            with warnings.catch_warnings():  # platformdirs' note that XDG_RUNTIME_DIR is unset: noise here
-                warnings.simplefilter("ignore")
+        with warnings.catch_warnings():  # platformdirs' note that XDG_RUNTIME_DIR is unset: noise here
+            warnings.simplefilter("ignore")
+            import pgserver
+
+            try:
                 server = pgserver.get_server(Path(folder).resolve(), cleanup_mode="stop")
-        except Exception as exc:  # pgserver raises plain exceptions for a bad folder or a failed start
-            raise StoreError(f"cannot start PostgreSQL in {folder}: {exc}") from None
+            except Exception as exc:  # pgserver raises plain exceptions for a bad folder or a failed start
+                raise StoreError(f"cannot start PostgreSQL in {folder}: {exc}") from None
         return PgStore(server.get_uri(), server=server)
     raise StoreError(f"unknown store {uri!r}: use sqlite:PATH, PATH.db, postgresql://... or pgserver:DIR")
 
