@@ -58,8 +58,8 @@ def _check_rows_against_sklearn(bench):
 
 
 def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
-    bench.run("ragtruth-official", datasets, seeds=[0, 1], probe_size=12)
-    bench.run("random-splits", datasets[:1], seeds=[0, 1], probe_size=16)
+    bench.run("ragtruth-official", datasets, seeds=[0], probe_size=12)
+    bench.run("random-splits", datasets[:1], seeds=[0, 1], probe_size=16)  # several seeds
     bench.run("kfold", datasets[:1], seeds=[0])
     bench.run("transfer", datasets, seeds=[0])
     _check_rows_against_sklearn(bench)

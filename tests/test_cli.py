@@ -34,7 +34,8 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     data = tmp_path / "in.jsonl"
     write_jsonl(data, [s.to_dict() for s in probe[:4]])
     out = tmp_path / "out.jsonl"
-    run("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
+    loud = run("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
+    assert "scored 4 responses" in loud.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [s.id for s in probe[:4]]
 
@@ -42,8 +43,6 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     quiet = run("-q", "score", "--input", str(data), "--output", str(tmp_path / "quiet.jsonl"), "--max-tokens",
                 "512")
     assert quiet.stderr == ""
-    loud = run("score", "--input", str(data), "--output", str(tmp_path / "loud.jsonl"), "--max-tokens", "512")
-    assert "scored 4 responses" in loud.stderr
 
     # fit an artifact with the command, then score with it
     train = tmp_path / "train.jsonl"
@@ -64,8 +63,7 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"halwatch: error: {bad}:5 (id=broken): missing field 'response'"
     assert not out3.exists()
-    proc = run("score", "--input", str(bad), "--output", str(out3), "--no-cache", "--max-tokens", "512",
-               "--skip-invalid")
+    proc = run("score", "--input", str(bad), "--output", str(out3), "--max-tokens", "512", "--skip-invalid")
     assert "skipped" in proc.stderr and "id=broken" in proc.stderr
     assert len(out3.read_text().splitlines()) == 4
 
@@ -94,13 +92,13 @@ def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, p
     fitted on unlabelled answers; the new artifact scores in that mode and names where it came from."""
     data = tmp_path / "unlabelled.jsonl"
     write_jsonl(data, [{k: v for k, v in s.to_dict().items() if k not in ("label", "spans")}
-                       for s in probe[:8] + probe[-8:]])
+                       for s in probe[:5] + probe[-5:]])
     art = tmp_path / "mapped.json"
     run("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
         "--max-tokens", "512", "--input", str(data), "--output", str(art))
     saved = json.loads(art.read_text())
     assert saved["input_mode"] == "chat" and saved["fitted_on"]["mapped_from"] == "smollm2-135m"
-    assert len(saved["state"]["feature_map"]["coef"]) == 270 and saved["fitted_on"]["map_samples"] == 16
+    assert len(saved["state"]["feature_map"]["coef"]) == 270 and saved["fitted_on"]["map_samples"] == 10
     out = run("score", "--detector", str(art), "--context", CONTEXT, "--question", "Which cells produce insulin?",
               "--response", "Beta cells produce it.")
     assert json.loads(out.stdout)["input_mode"] == "chat"

@@ -20,7 +20,7 @@ from halwatch.watchdog import policy as pol
 from halwatch.watchdog.agent import Domain
 from halwatch.watchdog.clients import EndpointError, LocalClient, OpenAIClient, yes_probability
 from halwatch.watchdog.entropy import entropy_of, semantic_entropy
-from halwatch.watchdog.evaluate import faithfulness_label, gqa_label, gqa_score, unigram_f1
+from halwatch.watchdog.evaluate import contains_label, faithfulness_label, gqa_label, gqa_score, unigram_f1
 from halwatch.watchdog.exploration import clean_query, seed_questions
 from halwatch.watchdog.store import open_store
 
@@ -93,6 +93,16 @@ def test_gqa_rule_by_hand():
     assert gqa_label("It was a theatre in Warsaw.", ["1870 to 1939"]).hallucinated  # nothing in common
     assert not gqa_label("from 1870 to 1939", ["wrong", "1870 to 1939"]).hallucinated  # the best reference
     assert gqa_label("", ["x"]).hallucinated
+
+
+def test_contains_rule_by_hand():
+    # a right answer in a sentence: GQA calls it hallucinated (F1 = ROUGE-L = 2/16 < 0.5), containment does not
+    answer = "The Warsaw Summer Theatre was in operation from the year 1870 until the year 1939."
+    assert gqa_label(answer, ["1870"]).hallucinated and not contains_label(answer, ["1870"]).hallucinated
+    assert not contains_label("About 1.7 million people.", ["1.7 million"]).hallucinated  # punctuation inside
+    assert contains_label("It had 1.7 millions.", ["1.7 million"]).hallucinated  # whole words only
+    assert not contains_label("the WARSAW theatre", ["no", "warsaw Theatre"]).hallucinated  # any reference
+    assert contains_label("Anything.", [""]).hallucinated and contains_label("", ["x"]).method == "contains"
 
 
 def test_faithfulness_rule():
@@ -435,10 +445,10 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     verdict; `watch bench` writes rows as it goes and resumes; bad inputs are refused without writing anything."""
     store = tmp_path / "bound.db"
 
-    def explore(n, policy="reinforced"):
+    def explore(n, policy="reinforced"):  # short answers keep the test quick; check and bench answer alike
         return main(["-q", "watch", "explore", "--domain", "Harvard_University", "--store", str(store), "--k", "2",
                      "--concurrency", "2", "--fanout", "2", "--min-queries", str(n), "--max-queries", str(n),
-                     "--max-depth", "3", "--policy", policy])
+                     "--max-depth", "3", "--policy", policy, "--answer-tokens", "16"])
 
     assert explore(4) == 0
     first = json.loads(capsys.readouterr().out)
@@ -448,28 +458,30 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     events = db.events()
     assert len(events) == 4 and db.count() == sum(e["hallucinated"] for e in events)
     meta = db.meta()
-    assert meta["domain"] == "Harvard University" and meta["embedder"]["dim"] == 384
+    assert meta["domain"] == "Harvard University" and meta["embedder"]["dim"] == 384 and meta["answer_tokens"] == 16
     assert meta["epsilon"]["value"] == first["epsilon"]["value"] and meta["clustering"]["method"] == "embedding"
     assert all(e["method"] in ("gqa", "faithfulness") for e in events)
+    assert all(len(e["answer"].split()) <= 16 for e in events)  # 16 tokens: at most 16 words
     children = _fanout_is_consistent(events, 2)
     assert first["expanded"] == len(children)
     if any(e["hallucinated"] for e in events[:2]):  # a hallucinated seed was expanded into children
         assert any(e["depth"] == 1 for e in events)
     db.close()
-    assert explore(5) == 0
-    second = json.loads(capsys.readouterr().out)
-    assert second["evaluated"] == 5 and second["new"] == 1  # resumed: one more query
+    # resuming is tested by test_killed_exploration_resumes_without_duplicates_or_losses; another policy is refused
     assert explore(6, "random") == 2
     assert "explored with policy = 'reinforced'" in capsys.readouterr().err
+    assert main(["watch", "explore", "--domain", "Harvard_University", "--store", str(store),
+                 "--answer-tokens", "0"]) == 2
+    assert "--answer-tokens 0: give a positive number" in capsys.readouterr().err
 
     query = "Who founded Harvard University?"
-    if second["boundary_points"]:
+    if first["boundary_points"]:
         assert main(["watch", "check", "--store", str(store), "--k", "2", query]) == 0
         verdict = json.loads(capsys.readouterr().out)
         assert verdict["query"] == query and isinstance(verdict["hallucination"], bool)
         assert verdict["case"] in ("centroid", "entropy above", "entropy below")
-        assert verdict["epsilon"] == second["epsilon"]["value"]
-        assert len(verdict["neighbours"]) == min(3, second["boundary_points"])
+        assert verdict["epsilon"] == first["epsilon"]["value"]
+        assert len(verdict["neighbours"]) == min(3, first["boundary_points"])
 
     # the benchmark harness on held-out questions (after the seed pool), resumable, and the Figure 6 curve
     out = tmp_path / "bench.json"
@@ -491,10 +503,14 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert summary["n_test"] == 2 and set(summary["metrics"]) == {"halmit", "pp", "icl", "selfcheckgpt",
                                                                      "semantic-entropy"}
+    contains = summary["by_label"]["contains"]
+    assert contains["hallucinated"] == sum(r["labels"]["contains"] for r in result["rows"])
+    assert set(contains["metrics"]) == set(summary["metrics"])
     seeds, rest = seed_questions(Domain.squad("Harvard_University"), 10, 0)
     assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:2]]
     for r in result["rows"]:
-        assert r["label"] == int(gqa_label(r["answer"], next(q.answers for q in rest if q.id == r["id"])).hallucinated)
+        assert r["label"] == r["labels"]["gqa"] == int(gqa_label(r["answer"], next(
+            q.answers for q in rest if q.id == r["id"])).hallucinated)
         assert r["halmit_flag"] == (r["scores"]["halmit"] >= 0.5) and r["scores"]["pp"] > 0
         assert 0 <= r["scores"]["icl"] <= 1 and r["entropy"] <= math.log(2) + 1e-6  # k = 2 from the store
     png = tmp_path / "fig6.png"
@@ -563,7 +579,7 @@ def test_watch_your_own_agent_over_your_corpus(tmp_path, smol, capsys):
         assert main(["-q", "watch", "explore", "--agent", agent, "--corpus", str(tmp_path / "docs"), "--domain",
                      "Warsaw", "--seeds", str(seeds), "--n-seeds", "2", "--store", f"pgserver:{pg}", "--k", "2",
                      "--fanout", "2", "--concurrency", "2", "--gamma", "0.01", "--min-queries", "2",
-                     "--max-queries", "8", "--max-depth", "2"]) == 0
+                     "--max-queries", "8", "--max-depth", "2", "--answer-tokens", "24"]) == 0
         summary = json.loads(capsys.readouterr().out)
         # the 135M agent answers without any context: it hallucinates early, so gamma >= 0.01 stops the run at min
         assert summary["stopped"] == "gamma" and 2 <= summary["evaluated"] < 8 and summary["gamma"] >= 0.01
@@ -617,7 +633,7 @@ def test_killed_exploration_resumes_without_duplicates_or_losses(backend, tmp_pa
     uri = f"sqlite:{tmp_path / 'k.db'}" if backend == "sqlite" else f"pgserver:{tmp_path / 'pg'}"
     args = [sys.executable, "-m", "halwatch", "-q", "watch", "explore", "--domain", "Harvard_University", "--store",
             uri, "--k", "1", "--concurrency", "2", "--fanout", "2", "--max-depth", "3", "--min-queries", "40",
-            "--max-queries", "40"]
+            "--max-queries", "40", "--answer-tokens", "16"]
     watcher = open_store(uri)  # held while the explorer runs: one pgserver server for both processes
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -631,7 +647,7 @@ def test_killed_exploration_resumes_without_duplicates_or_losses(backend, tmp_pa
         watcher.close()
         assert main(["-q", "watch", "explore", "--domain", "Harvard_University", "--store", uri, "--k", "1",
                      "--concurrency", "2", "--fanout", "2", "--max-depth", "3", "--min-queries",
-                     str(len(before) + 2), "--max-queries", str(len(before) + 2)]) == 0
+                     str(len(before) + 2), "--max-queries", str(len(before) + 2), "--answer-tokens", "16"]) == 0
         db = open_store(uri)
         try:
             after = db.events()

@@ -27,6 +27,9 @@ def _client_options(p) -> None:
                    help="send the API key in environment variable VAR to ENDPOINT (a URI as given to --agent, "
                         "--target, --generator or --judge, or its part before '#'); repeatable. Endpoints not named "
                         "get no key")
+    p.add_argument("--answer-tokens", type=int, metavar="N",
+                   help="cut the agent's answers at N tokens (explore: default 48 for the built-in agent, 128 for "
+                        "--agent; check and bench: as the store was explored)")
 
 
 def _domain_options(p, seeds: bool = True) -> None:
@@ -128,7 +131,9 @@ def _options(args) -> dict:
 
 
 def _where(args) -> dict:
-    return {"agent": args.agent, "corpus": args.corpus, "embedder": args.embedder}
+    if args.answer_tokens is not None and args.answer_tokens < 1:
+        raise HalwatchError(f"--answer-tokens {args.answer_tokens}: give a positive number of tokens")
+    return {"agent": args.agent, "corpus": args.corpus, "embedder": args.embedder, "answer_tokens": args.answer_tokens}
 
 
 def cmd_watch(args) -> int:

@@ -2,6 +2,9 @@
 
 - ``gqa`` (section 4.1, with a reference answer): the mean of unigram F1 and ROUGE-L against the reference is below
   0.5 (Su et al. 2022's GQA metric; with several references, the best one counts);
+- ``contains`` (with a reference; not in the paper): no reference answer occurs in the answer as a run of whole words
+  (the answer-containment accuracy of Mallen et al. 2023, PopQA). GQA punishes a right answer given as a sentence,
+  so a small agent's answers are nearly all "hallucinated" by it; ``watch bench`` reports both;
 - ``faithfulness`` (no reference): fewer than half of the answer's content words occur in the retrieved context; an
   answer that declines ("the context does not mention ...") is not a hallucination;
 - ``judge`` (no reference, a judge LLM given): the judge says the answer is not supported by the context
@@ -53,6 +56,15 @@ def gqa_score(answer: str, references) -> float:
 def gqa_label(answer: str, references) -> Label:
     score = gqa_score(answer, references)
     return Label(score < 0.5, score, "gqa")
+
+
+def contains_label(answer: str, references) -> Label:
+    text = f" {' '.join(words(answer))} "
+    inside = any(w and f" {' '.join(w)} " in text for w in map(words, references))
+    return Label(not inside, float(inside), "contains")
+
+
+LABEL_RULES = {"gqa": gqa_label, "contains": contains_label}
 
 
 def faithfulness_label(answer: str, context: str) -> Label:

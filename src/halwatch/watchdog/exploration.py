@@ -146,7 +146,8 @@ class Explorer:
         meta = self.store.meta()
         c = self.config
         mine = {"domain": self.domain.title, "policy": c.policy, "k": c.k, "seed": c.seed, "n_seeds": c.n_seeds,
-                "fanout": c.fanout, "clustering": self.clustering}
+                "fanout": c.fanout, "clustering": self.clustering,
+                "answer_tokens": getattr(self.agent, "max_tokens", None)}
         for key, value in mine.items():
             if key in meta and meta[key] != value:
                 raise HalwatchError(f"the store was explored with {key} = {meta[key]!r}, not {value!r}: use another "

@@ -20,7 +20,7 @@ from halwatch.watchdog import monitor
 from halwatch.watchdog.agent import EndpointAgent, TargetAgent, open_domain
 from halwatch.watchdog.clients import open_client, yes_probability
 from halwatch.watchdog.embed import embedder as get_embedder
-from halwatch.watchdog.evaluate import Evaluator, gqa_label
+from halwatch.watchdog.evaluate import LABEL_RULES, Evaluator, gqa_label
 from halwatch.watchdog.exploration import ExploreConfig, Explorer, seed_questions
 from halwatch.watchdog.exploration import check as check_query
 from halwatch.watchdog.store import StoreError, open_store
@@ -56,12 +56,14 @@ async def _session(store: str, client_options: dict | None):
         db.close()
 
 
-def _agent(domain, target, agent, clients):
-    """The agent to watch: a user's object, a black-box endpoint, or the built-in RAG agent with ``target``."""
+def _agent(domain, target, agent, clients, answer_tokens: int | None = None):
+    """The agent to watch: a user's object, a black-box endpoint, or the built-in RAG agent with ``target``;
+    ``answer_tokens`` cuts the answers of the last two (default: theirs)."""
+    cut = {"max_tokens": int(answer_tokens)} if answer_tokens else {}
     if agent is None:
-        return TargetAgent(domain, clients.get(target))
+        return TargetAgent(domain, clients.get(target), **cut)
     if isinstance(agent, str):
-        return EndpointAgent(clients.get(agent))
+        return EndpointAgent(clients.get(agent), **cut)
     if not callable(getattr(agent, "answer", None)) or not hasattr(agent, "name"):
         raise HalwatchError("an agent needs a name and an async answer(query, n, temperature, seed, logprobs)")
     return agent
@@ -95,17 +97,18 @@ def calibrate(db, embedder, events=None) -> dict:
 
 def explore(domain: str | None, store: str, target: str = "local:smollm2-135m", generator: str | None = None,
             judge: str | None = None, progress=None, client_options: dict | None = None, agent=None, corpus=None,
-            seeds=None, embedder: str | None = None, **config) -> dict:
+            seeds=None, embedder: str | None = None, answer_tokens: int | None = None, **config) -> dict:
     """Explore the bound of an agent over a domain into ``store`` (resuming from it); returns the summary.
     ``domain``: a SQuAD article title, or the title of ``corpus`` (a folder of documents); ``seeds``: a file of
     initial queries; ``agent``: see the module's docstring; ``embedder``: a sentence-transformers folder (default
-    all-MiniLM-L6-v2)."""
+    all-MiniLM-L6-v2); ``answer_tokens``: where the agent's answers are cut (recorded: check and bench answer
+    alike)."""
     the_domain = open_domain(domain, corpus, seeds)  # bad input fails before anything is opened or written
     the_embedder = get_embedder(embedder)
 
     async def main():
         async with _session(store, client_options) as (db, clients):
-            the_agent = _agent(the_domain, target, agent, clients)
+            the_agent = _agent(the_domain, target, agent, clients, answer_tokens)
             gen = clients.get(generator or target)
             explorer = Explorer(the_domain, the_agent, gen, Evaluator(clients.get(judge)), db, the_embedder,
                                 ExploreConfig(domain=the_domain.title, **config), progress=progress,
@@ -136,14 +139,16 @@ def _sampling(meta, k, temperature) -> tuple[int, float]:
     return (k or meta.get("k", 5)), (temperature or meta.get("sample_temperature", 0.5))
 
 
-def _the_agent(meta, db, target, agent, clients, domain=None, corpus=None):
-    """The agent of ``check``: as :func:`_agent`, the built-in one over the store's domain unless told otherwise."""
+def _the_agent(meta, db, target, agent, clients, domain=None, corpus=None, answer_tokens=None):
+    """The agent of ``check``: as :func:`_agent`, the built-in one over the store's domain unless told otherwise,
+    its answers cut where the store's were unless ``answer_tokens`` says otherwise."""
+    answer_tokens = answer_tokens or meta.get("answer_tokens")
     if agent is not None:
-        return _agent(None, target, agent, clients)
+        return _agent(None, target, agent, clients, answer_tokens)
     domain = domain or meta.get("domain")
     if not domain and not corpus:
         raise HalwatchError(f"the store {db.uri} has no domain yet: explore it first, or give --domain")
-    return _agent(open_domain(domain, corpus), target, None, clients)
+    return _agent(open_domain(domain, corpus), target, None, clients, answer_tokens)
 
 
 def _require_points(db) -> None:
@@ -153,7 +158,8 @@ def _require_points(db) -> None:
 
 def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | None = None,
           epsilon: float | None = None, domain: str | None = None, client_options: dict | None = None,
-          temperature: float | None = None, agent=None, corpus=None, embedder: str | None = None) -> dict:
+          temperature: float | None = None, agent=None, corpus=None, embedder: str | None = None,
+          answer_tokens: int | None = None) -> dict:
     """Algorithm 1 verdict for ``query`` against the boundary points in ``store``."""
     if not query.strip():
         raise HalwatchError("empty query")
@@ -165,7 +171,7 @@ def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | N
             the_embedder = _store_embedder(meta, embedder)
             db.bind_embedder(the_embedder)
             k_, t_ = _sampling(meta, k, temperature)
-            the_agent = _the_agent(meta, db, target, agent, clients, domain, corpus)
+            the_agent = _the_agent(meta, db, target, agent, clients, domain, corpus, answer_tokens)
             return await check_query(query, db, the_agent, the_embedder, k=k_, epsilon=_epsilon(meta, epsilon),
                                      temperature=t_, entropy_options=_entropy_options(meta, clients))
 
@@ -206,7 +212,9 @@ async def _score_question(q, agent, domain, judge, db, embedder, demos, k, epsil
     entropy = await semantic_entropy(texts, q.question, **entropy_options)
     verdict = monitor.decide(db, embedder([q.question])[0], entropy, epsilon)
     return {"id": q.id, "question": q.question, "answer": answer, "label": int(label.hallucinated),
-            "gqa": round(label.score, 4), "entropy": entropy,
+            "gqa": round(label.score, 4),
+            "labels": {name: int(rule(answer, q.answers).hallucinated) for name, rule in LABEL_RULES.items()},
+            "entropy": entropy,
             "scores": {"halmit": verdict["score"], "pp": -greedy[0].mean_logprob,
                        "icl": 1.0 - yes_probability(icl[0]), "selfcheckgpt": selfcheck_unigram(answer, texts),
                        "semantic-entropy": entropy},
@@ -233,6 +241,17 @@ def _metrics(labels, scores, own_decision: bool = False) -> dict:
     return {**at, **threshold_free}
 
 
+def _label_table(labels, rows) -> dict:
+    """Hallucinated count, base rate and every method's metrics under one labelling of the rows (metrics need two
+    questions at least: the baselines' thresholds are cross-fitted over two halves)."""
+    table = {}
+    if len(rows) >= 2:
+        table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
+                 for name in rows[0]["scores"]}
+    return {"hallucinated": int(sum(labels)), "base_rate": round(float(np.mean(labels)), 4) if labels else None,
+            "metrics": table}
+
+
 def _done_rows(path: Path | None) -> list[dict]:
     """Rows a stopped ``bench`` already wrote (a half-written last line is dropped)."""
     if path is None or not path.exists():
@@ -249,9 +268,10 @@ def _done_rows(path: Path | None) -> list[dict]:
 def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", judge: str | None = None,
           n_test: int = 40, k: int | None = None, epsilon: float | None = None, temperature: float | None = None,
           seed: int = 0, out=None, client_options: dict | None = None, progress: bool = True, agent=None,
-          corpus=None, seeds=None, embedder: str | None = None) -> dict:
+          corpus=None, seeds=None, embedder: str | None = None, answer_tokens: int | None = None) -> dict:
     """Monitor vs baselines on ``n_test`` held-out questions of the domain (the shuffle after the seed pool),
-    labelled by the GQA rule on the agent's greedy answer. With ``out``, each question's row is appended to
+    labelled by the GQA rule on the agent's greedy answer; ``by_label`` has the same figures under the
+    answer-containment rule (``evaluate.contains_label``). With ``out``, each question's row is appended to
     ``OUT.rows.jsonl`` as it finishes, and a new run with the same ``out`` goes on from there."""
     from halwatch.progress import progress as progress_bar
 
@@ -266,7 +286,7 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
             _require_points(db)
             the_embedder = _store_embedder(meta, embedder)
             db.bind_embedder(the_embedder)
-            the_agent = _agent(the_domain, target, agent, clients)
+            the_agent = _agent(the_domain, target, agent, clients, answer_tokens or meta.get("answer_tokens"))
             k_, t_ = _sampling(meta, k, temperature)
             eps = _epsilon(meta, epsilon)
             pool, rest = seed_questions(the_domain, meta.get("n_seeds", 10), meta.get("seed", seed))
@@ -293,16 +313,12 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
             return rows, meta, eps
 
     rows, meta, eps = asyncio.run(main())
-    labels = [r["label"] for r in rows]
-    table = {}  # metrics need two questions at least (the baselines' thresholds are cross-fitted over two halves)
-    if len(rows) >= 2:
-        table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
-                 for name in rows[0]["scores"]}
-    result = {"domain": the_domain.title, "store": store, "n_test": len(rows), "hallucinated": int(sum(labels)),
-              "base_rate": round(float(np.mean(labels)), 4), "epsilon": eps,
+    by_label = {name: _label_table([r["labels"][name] for r in rows], rows)
+                for name in LABEL_RULES}
+    result = {"domain": the_domain.title, "store": store, "n_test": len(rows), **by_label["gqa"], "epsilon": eps,
               "exploration": {key: meta.get(key) for key in ("policy", "fanout", "clustering")},
               "cases": {c: sum(r["halmit_case"] == c for r in rows) for c in sorted({r["halmit_case"] for r in rows})},
-              "metrics": table, "rows": rows}
+              "by_label": {"contains": by_label["contains"]}, "rows": rows}
     if out:
         tmp = Path(str(out) + ".tmp")
         tmp.write_text(json.dumps(result, indent=1, default=float))
