@@ -262,11 +262,11 @@ def test_exported_classifiers_equal_scikit_learn():
 
 def test_lstm_over_resampled_matrix(scorer, lrp_probe):
     few = lrp_probe[:2] + lrp_probe[4:6]
-    det = create_detector("lrp4rag", scorer=scorer, classifier="lstm", rows=3, length=16, epochs=2)
-    assert det.request().relevance.rows == 3
+    det = create_detector("lrp4rag", scorer=scorer, classifier="lstm", rows=2, length=16, epochs=2)
+    assert det.request().relevance.rows == 2
     det.fit(few)
     x = det.features(det._signals(few))
-    assert x.shape == (4, 3, 16)
+    assert x.shape == (4, 2, 16)
     restored = load_detector_from(det)
     assert restored.score(few) == pytest.approx(det.score(few), abs=1e-6)
 
