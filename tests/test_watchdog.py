@@ -105,6 +105,29 @@ def test_contains_rule_by_hand():
     assert contains_label("Anything.", [""]).hallucinated and contains_label("", ["x"]).method == "contains"
 
 
+def test_bench_table_against_scikit_learn():
+    """watch bench's figures under one labelling: AUROC as scikit-learn computes it, the monitor judged at its own
+    decision (score >= 0.5), a missing score set to the median, the paired differences to the monitor."""
+    from sklearn.metrics import f1_score, roc_auc_score
+
+    from halwatch.watchdog.run import _label_table
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 60).tolist()
+    halmit, pp = rng.random(60), rng.normal(labels, 1.0)
+    pp[3] = np.nan
+    rows = [{"scores": {"halmit": h, "pp": p}} for h, p in zip(halmit, pp)]
+    table = _label_table(labels, rows)
+    filled = np.where(np.isnan(pp), np.nanmedian(pp), pp)
+    assert table["hallucinated"] == sum(labels) and table["base_rate"] == round(sum(labels) / 60, 4)
+    assert table["metrics"]["pp"]["auroc"] == pytest.approx(roc_auc_score(labels, filled))
+    assert table["metrics"]["halmit"]["f1"] == pytest.approx(f1_score(labels, halmit >= 0.5))
+    paired = table["vs_halmit"]["pp"]
+    assert paired["diff"] == pytest.approx(roc_auc_score(labels, filled) - roc_auc_score(labels, halmit))
+    assert paired["ci"][0] < paired["auroc"] < paired["ci"][1] and 0 <= paired["p"] <= 1
+    assert _label_table([1, 1], rows[:2])["vs_halmit"] == {}  # one class: no AUROC
+
+
 def test_faithfulness_rule():
     context = "Warsaw is the capital of Poland. Its population is 1.7 million."
     assert not faithfulness_label("Warsaw is the capital of Poland.", context).hallucinated

@@ -10,8 +10,8 @@ questions about the whole article, as a team would seed it from its users' quest
     halwatch watch explore --domain Warsaw --corpus DIR/corpus --seeds DIR/seeds.jsonl --store STORE ...
     halwatch watch bench   --domain Warsaw --corpus DIR/corpus --seeds DIR/seeds.jsonl --store STORE --out BENCH
     python known_boundary.py analyse DIR STORE BENCH
-        prints (JSON) where the boundary points fall (the article paragraph nearest to each explored hallucinated
-        query, by the store's embedder) against the missing part's share of the article, the agent's hallucination
+        prints (JSON) where the explored queries and the boundary points fall (the article paragraph nearest to each
+        query, by all-MiniLM-L6-v2) against the missing part's share of the article, the agent's hallucination
         rate per region, and every method's metrics with the region as the label
 """
 
@@ -56,8 +56,8 @@ def analyse(folder: Path, store: str, bench: str) -> dict:
         events = db.events()
     finally:
         db.close()
-    points = [e["query"] for e in events if e["hallucinated"]]
-    nearest = np.argmax(embed(points) @ embed(paragraphs).T, axis=1)
+    missing_query = in_missing[np.argmax(embed([e["query"] for e in events]) @ embed(paragraphs).T, axis=1)]
+    flagged = np.array([bool(e["hallucinated"]) for e in events])
     region = {q.id: json.loads(line)["region"] for q, line in zip(
         read_seeds(folder / "seeds.jsonl"), (folder / "seeds.jsonl").read_text().splitlines())}
     result = json.loads(Path(bench).read_text())
@@ -68,8 +68,11 @@ def analyse(folder: Path, store: str, bench: str) -> dict:
         mine = [r for r in rows if region[r["id"]] == name]
         counts = {f"hallucinated_{rule}": sum(r["labels"][rule] for r in mine) for rule in ("gqa", "contains")}
         per_region[name] = {"questions": len(mine), **counts}
-    return {"explored_queries": len(events), "boundary_points": len(points),
-            "boundary_points_in_missing_part": int(in_missing[nearest].sum()),
+    return {"explored_queries": len(events), "explored_in_missing_part": int(missing_query.sum()),
+            "boundary_points": int(flagged.sum()),
+            "boundary_points_in_missing_part": int((flagged & missing_query).sum()),
+            "hallucinated_share_known": round(float(flagged[~missing_query].mean()), 4),
+            "hallucinated_share_missing": round(float(flagged[missing_query].mean()), 4),
             "missing_share_of_paragraphs": round(float(in_missing.mean()), 4),
             "test_questions_by_region": per_region, "region_base_rate": round(float(np.mean(labels)), 4),
             "metrics_region_label": {name: _metrics(labels, [r["scores"][name] for r in rows],

@@ -221,14 +221,19 @@ async def _score_question(q, agent, domain, judge, db, embedder, demos, k, epsil
             "halmit_case": verdict["case"], "halmit_flag": bool(verdict["hallucination"])}
 
 
+def _finite(scores) -> np.ndarray:
+    """Scores with a missing value (NaN: e.g. no log-probabilities from the endpoint) set to the median."""
+    scores = np.asarray(scores, dtype=float)
+    return np.where(np.isfinite(scores), scores, np.nanmedian(scores) if np.isfinite(scores).any() else 0.0)
+
+
 def _metrics(labels, scores, own_decision: bool = False) -> dict:
     """AUROC, AUC-PR; F1 and accuracy at the method's own decision (HalMit's flag) or, for score-only baselines, at a
     best-F1 threshold cross-fitted over two halves (fitted on one half, applied to the other)."""
     from halwatch.detectors.calibration import best_f1_threshold
     from halwatch.eval.metrics import evaluate
 
-    labels, scores = np.asarray(labels), np.asarray(scores, dtype=float)
-    scores = np.where(np.isfinite(scores), scores, np.nanmedian(scores) if np.isfinite(scores).any() else 0.0)
+    labels, scores = np.asarray(labels), _finite(scores)
     if own_decision:  # HalMit's score is >= 0.5 exactly when it flags the query
         return evaluate(labels, scores, 0.5)
     halves = [np.arange(len(labels)) % 2 == h for h in (0, 1)]
@@ -243,13 +248,18 @@ def _metrics(labels, scores, own_decision: bool = False) -> dict:
 
 def _label_table(labels, rows) -> dict:
     """Hallucinated count, base rate and every method's metrics under one labelling of the rows (metrics need two
-    questions at least: the baselines' thresholds are cross-fitted over two halves)."""
-    table = {}
+    questions at least: the baselines' thresholds are cross-fitted over two halves), and each method's AUROC with a
+    95 % bootstrap interval and its paired difference to the monitor's (``vs_halmit``; both classes needed)."""
+    from halwatch.eval.metrics import paired_bootstrap
+
+    table, paired = {}, {}
     if len(rows) >= 2:
-        table = {name: _metrics(labels, [r["scores"][name] for r in rows], own_decision=name == "halmit")
-                 for name in rows[0]["scores"]}
+        scores = {name: _finite([r["scores"][name] for r in rows]) for name in rows[0]["scores"]}
+        table = {name: _metrics(labels, s, own_decision=name == "halmit") for name, s in scores.items()}
+        if 0 < sum(labels) < len(labels):
+            paired = paired_bootstrap(labels, scores, "halmit")
     return {"hallucinated": int(sum(labels)), "base_rate": round(float(np.mean(labels)), 4) if labels else None,
-            "metrics": table}
+            "metrics": table, "vs_halmit": paired}
 
 
 def _done_rows(path: Path | None) -> list[dict]:
