@@ -471,7 +471,7 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     def explore(n, policy="reinforced"):  # short answers keep the test quick; check and bench answer alike
         return main(["-q", "watch", "explore", "--domain", "Harvard_University", "--store", str(store), "--k", "2",
                      "--concurrency", "2", "--fanout", "2", "--min-queries", str(n), "--max-queries", str(n),
-                     "--max-depth", "3", "--policy", policy, "--answer-tokens", "16"])
+                     "--max-depth", "3", "--policy", policy, "--answer-tokens", "16", "--n-seeds", "2"])
 
     assert explore(4) == 0
     first = json.loads(capsys.readouterr().out)
@@ -487,8 +487,13 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     assert all(len(e["answer"].split()) <= 16 for e in events)  # 16 tokens: at most 16 words
     children = _fanout_is_consistent(events, 2)
     assert first["expanded"] == len(children)
-    if any(e["hallucinated"] for e in events[:2]):  # a hallucinated seed was expanded into children
-        assert any(e["depth"] == 1 for e in events)
+    seeds = [q.question for q in seed_questions(Domain.squad("Harvard_University"), 2, 0)[0]]
+    assert {e["query"] for e in events[:2]} == set(seeds)  # every seed before any child (breadth first)
+    later = events[2:]
+    if any(e["hallucinated"] for e in events[:2]):  # a hallucinated seed was expanded: its children asked next
+        assert any(e["parent"] in (events[0]["id"], events[1]["id"]) and e["transform"] for e in later)
+    else:  # grounded seeds end their paths: new ones start from queries generated from the domain
+        assert all(e["depth"] == 0 and e["query"] not in seeds for e in later)
     db.close()
     # resuming is tested by test_killed_exploration_resumes_without_duplicates_or_losses; another policy is refused
     assert explore(6, "random") == 2
@@ -529,7 +534,7 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     contains = summary["by_label"]["contains"]
     assert contains["hallucinated"] == sum(r["labels"]["contains"] for r in result["rows"])
     assert set(contains["metrics"]) == set(summary["metrics"])
-    seeds, rest = seed_questions(Domain.squad("Harvard_University"), 10, 0)
+    _, rest = seed_questions(Domain.squad("Harvard_University"), 2, 0)  # the store's pool: --n-seeds 2
     assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:2]]
     for r in result["rows"]:
         assert r["label"] == r["labels"]["gqa"] == int(gqa_label(r["answer"], next(

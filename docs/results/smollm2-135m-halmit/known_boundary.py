@@ -25,7 +25,7 @@ import numpy as np
 
 from halwatch.watchdog.agent import Domain, read_seeds
 from halwatch.watchdog.embed import embed
-from halwatch.watchdog.run import _metrics
+from halwatch.watchdog.run import _label_table
 from halwatch.watchdog.store import open_store
 
 
@@ -74,9 +74,7 @@ def analyse(folder: Path, store: str, bench: str) -> dict:
             "hallucinated_share_known": round(float(flagged[~missing_query].mean()), 4),
             "hallucinated_share_missing": round(float(flagged[missing_query].mean()), 4),
             "missing_share_of_paragraphs": round(float(in_missing.mean()), 4),
-            "test_questions_by_region": per_region, "region_base_rate": round(float(np.mean(labels)), 4),
-            "metrics_region_label": {name: _metrics(labels, [r["scores"][name] for r in rows],
-                                                    own_decision=name == "halmit") for name in rows[0]["scores"]}}
+            "test_questions_by_region": per_region, "region_label": _label_table(labels, rows)}
 
 
 def main() -> None:

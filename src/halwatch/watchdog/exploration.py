@@ -13,14 +13,18 @@ own limits bound the calls). Each query is one step:
    FT3 induction), and the query-generation agent writes one child query per draw, all in parallel; the children
    join the frontier (section 3.1 step 3-4: "multiple new iterations are generated in parallel in response to each
    exploration path");
-4. a grounded query is not expanded: a new query is generated at random from the domain (a passage drawn at random,
-   the query-generation agent asked for a question on it: step 3's "new queries will be randomly generated");
+4. a grounded query is not expanded: its path ends, and a new path starts in its place from the next seed, or, once
+   every seed has started one, from a query generated at random from the domain (a passage drawn at random, the
+   query-generation agent asked for a question on it: step 3's "new queries will be randomly generated"); so does a
+   path that reaches ``max_depth``;
 5. the children's rewards (eq. 2) give their parent's training target (eq. 3 over the siblings) and the policy is
    refitted every ``fit_every`` new rewards (eq. 5-6; :mod:`halwatch.watchdog.policy`).
 
 The exploration starts from ``n_seeds`` seed questions (the domain's questions, shuffled with ``seed``; a corpus
-without questions gets generated ones) and stops once the share of hallucinated queries ``gamma`` reaches
-``gamma_stop`` after ``min_queries``, or at ``max_queries``. Paths end at ``max_depth``. Every step is one transaction
+without questions gets generated ones). The frontier is first in, first out and the seeds are queued first, so every
+seed is asked before any child query (breadth first: with a 135M agent that hallucinates on most queries, children
+asked first would spend the whole budget under the first few seeds). It stops once the share of hallucinated queries
+``gamma`` reaches ``gamma_stop`` after ``min_queries``, or at ``max_queries``. Every step is one transaction
 in the store; a query whose endpoint call fails after the client's retries is recorded as a failure and the run goes
 on (``max_failures`` failures in a row stop it: the endpoint is down). A new run on the same store resumes: its
 frontier is the expansions that were not finished.
@@ -118,6 +122,9 @@ class Task:
     probabilities: list | None = None
 
 
+FRESH = "start a new path"  # a frontier entry: the next seed, else a query generated from the domain
+
+
 class Explorer:
     ATTEMPTS = 3  # tries of the query-generation agent for a query not asked before
 
@@ -171,7 +178,7 @@ class Explorer:
         for e in self.events:
             if e["parent"] in self.by_id and e["transform"]:
                 self.children.setdefault(e["parent"], []).append(e)
-        self.frontier: deque = deque()
+        self.frontier: deque = deque([FRESH] * max(0, len(self.seeds) - self.next_seed))  # seeds not asked yet
         for e in self.events:  # expansions a killed run did not finish: expand those queries again
             if self._expandable(e) and e["id"] not in self.children:
                 self.frontier.append(e)
@@ -314,7 +321,7 @@ class Explorer:
                 if isinstance(item, dict):  # an event to expand
                     self.frontier.extend(await self._expand(item))
                     continue
-                task = item or await self._fresh()
+                task = await self._fresh() if item is None or item is FRESH else item
                 if task is None:
                     if not self._running and not self.frontier:
                         break  # nothing to ask, and no step under way that could add something
@@ -334,8 +341,7 @@ class Explorer:
                 if self._failed_in_a_row >= self.config.max_failures:
                     raise EndpointError(f"{self._failed_in_a_row} calls in a row failed; the last: {exc}") from None
                 continue
-            if self._expandable(event):
-                self.frontier.append(event)
+            self.frontier.append(event if self._expandable(event) else FRESH)  # expand it, or start a new path
             if self.progress is not None:
                 self.progress(self, event)
 
