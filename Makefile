@@ -50,7 +50,7 @@ ray: install
 test: model browser polygraph ray
 	$(BIN)/halwatch models pull gemma3-270m
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=40
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -227,6 +227,9 @@ def test_clean_query():
     assert clean_query('"What is X? And also Y?"\nmore') == "What is X?"
     assert clean_query("Question: Where is Z") == "Where is Z"
     assert clean_query("\n\n") == ""
+    assert clean_query("The answer to the text would be: How did the city rebuild? Then") == "How did the city rebuild?"
+    assert clean_query("What is the 3:2 ratio?") == "What is the 3:2 ratio?"  # no capital after the colon
+    assert clean_query("Note: the city was rebuilt.") == "Note: the city was rebuilt."  # not a question: kept
 
 
 # clients against real loopback servers

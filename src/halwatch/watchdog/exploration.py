@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -101,14 +102,21 @@ def seed_questions(domain, n_seeds: int, seed: int):
     return order[:n_seeds], order[n_seeds:]
 
 
+LEAD_IN = re.compile(r"[^?:]{1,80}:\s+(?=[A-Z])")  # words and a colon before a capitalised question
+
+
 def clean_query(text: str) -> str:
-    """The first line of a generated query, up to its first question mark, without quotes or a label."""
+    """The first line of a generated query, up to its first question mark, without quotes, a label or a lead-in
+    sentence ending in a colon."""
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "").strip().strip('"').strip()
     for prefix in ("New question:", "Question:", "Rewritten question:"):
         if line.lower().startswith(prefix.lower()):
             line = line[len(prefix):].strip()
     if "?" in line:
         line = line[:line.index("?") + 1]
+    lead = LEAD_IN.match(line)
+    if lead and line.endswith("?"):  # "The answer to the text would be: How did ...?" -> the question
+        line = line[lead.end():]
     return line[:300]
 
 
