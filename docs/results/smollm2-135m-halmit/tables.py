@@ -44,7 +44,8 @@ def bench_section(result: dict) -> str:
 
 
 def cost_table(runs: dict) -> str:
-    lines = ["| run | queries | boundary points | γ | expanded | ε (fires, precision) | LLM calls | minutes |",
+    lines = ["| run | queries | boundary points | γ | expanded | ε (case 1 fires on explored queries) | LLM calls | "
+             "minutes |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, path in runs.items():
         if not (HERE / path).exists():
@@ -52,7 +53,7 @@ def cost_table(runs: dict) -> str:
         s = load(path)
         eps = s["epsilon"]
         lines.append(f"| {name} | {s['evaluated']} | {s['boundary_points']} | {s['gamma']:.3f} | {s['expanded']} | "
-                     f"{eps['value']} ({eps.get('fires', '-')}, {eps.get('precision', '-')}) | "
+                     f"{eps['value']} ({eps.get('fires', '-')}) | "
                      f"{sum(s['llm_calls'].values())} | {s['minutes']} |")
     return "\n".join(lines)
 
