@@ -490,7 +490,8 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     assert all(len(e["answer"].split()) <= 16 for e in events)  # 16 tokens: at most 16 words
     children = _fanout_is_consistent(events, 2)
     assert first["expanded"] == len(children)
-    seeds = [q.question for q in seed_questions(Domain.squad("Harvard_University"), 2, 0)[0]]
+    pool, rest = seed_questions(Domain.squad("Harvard_University"), 2, 0)  # the store's seeds (--n-seeds 2), held out
+    seeds = [q.question for q in pool]
     assert {e["query"] for e in events[:2]} == set(seeds)  # every seed before any child (breadth first)
     later = events[2:]
     if any(e["hallucinated"] for e in events[:2]):  # a hallucinated seed was expanded: its children asked next
@@ -537,7 +538,6 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     contains = summary["by_label"]["contains"]
     assert contains["hallucinated"] == sum(r["labels"]["contains"] for r in result["rows"])
     assert set(contains["metrics"]) == set(summary["metrics"])
-    _, rest = seed_questions(Domain.squad("Harvard_University"), 2, 0)  # the store's pool: --n-seeds 2
     assert [r["id"] for r in result["rows"]] == [q.id for q in rest[:2]]
     for r in result["rows"]:
         assert r["label"] == r["labels"]["gqa"] == int(gqa_label(r["answer"], next(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from halwatch.watchdog.agent import Domain, read_seeds
+from halwatch.watchdog.agent import Domain
 from halwatch.watchdog.embed import embed
 from halwatch.watchdog.run import _label_table
 from halwatch.watchdog.store import open_store
@@ -58,8 +58,7 @@ def analyse(folder: Path, store: str, bench: str) -> dict:
         db.close()
     missing_query = in_missing[np.argmax(embed([e["query"] for e in events]) @ embed(paragraphs).T, axis=1)]
     flagged = np.array([bool(e["hallucinated"]) for e in events])
-    region = {q.id: json.loads(line)["region"] for q, line in zip(
-        read_seeds(folder / "seeds.jsonl"), (folder / "seeds.jsonl").read_text().splitlines())}
+    region = {row["id"]: row["region"] for row in map(json.loads, (folder / "seeds.jsonl").read_text().splitlines())}
     result = json.loads(Path(bench).read_text())
     rows = result["rows"]
     labels = [int(region[r["id"]] == "missing") for r in rows]

@@ -20,7 +20,7 @@ from halwatch.watchdog import monitor
 from halwatch.watchdog.agent import EndpointAgent, TargetAgent, open_domain
 from halwatch.watchdog.clients import open_client, yes_probability
 from halwatch.watchdog.embed import embedder as get_embedder
-from halwatch.watchdog.evaluate import LABEL_RULES, Evaluator, gqa_label
+from halwatch.watchdog.evaluate import LABEL_RULES, Evaluator
 from halwatch.watchdog.exploration import ExploreConfig, Explorer, seed_questions
 from halwatch.watchdog.exploration import check as check_query
 from halwatch.watchdog.store import StoreError, open_store
@@ -205,16 +205,15 @@ async def _score_question(q, agent, domain, judge, db, embedder, demos, k, epsil
     _, samples = await agent.answer(q.question, n=k, temperature=temperature, seed=seed)
     context = context if context is not None else "\n\n".join(domain.retrieve(q.question, 2))
     answer, texts = greedy[0].text, [s.text for s in samples]
-    label = gqa_label(answer, q.answers)
+    labels = {name: rule(answer, q.answers) for name, rule in LABEL_RULES.items()}
     icl = await judge.chat([{"role": "user", "content": ICL.format(demos=demos, context=context[:1200],
                                                                    question=q.question, answer=answer)}],
                            max_tokens=1, top_logprobs=5)
     entropy = await semantic_entropy(texts, q.question, **entropy_options)
     verdict = monitor.decide(db, embedder([q.question])[0], entropy, epsilon)
-    return {"id": q.id, "question": q.question, "answer": answer, "label": int(label.hallucinated),
-            "gqa": round(label.score, 4),
-            "labels": {name: int(rule(answer, q.answers).hallucinated) for name, rule in LABEL_RULES.items()},
-            "entropy": entropy,
+    return {"id": q.id, "question": q.question, "answer": answer, "label": int(labels["gqa"].hallucinated),
+            "gqa": round(labels["gqa"].score, 4),
+            "labels": {name: int(label.hallucinated) for name, label in labels.items()}, "entropy": entropy,
             "scores": {"halmit": verdict["score"], "pp": -greedy[0].mean_logprob,
                        "icl": 1.0 - yes_probability(icl[0]), "selfcheckgpt": selfcheck_unigram(answer, texts),
                        "semantic-entropy": entropy},
