@@ -51,6 +51,24 @@ def test_a_reversed_platt_slope_reverses_the_ranking():
     assert roc_auc_score(labels, cal.ranking(raw)) == pytest.approx(roc_auc_score(labels, cal.transform(raw)))
 
 
+def test_a_supervised_score_is_never_turned_round():
+    """A classifier's held-out scores that run against the labels (a small probe's chance) do not reverse it: the
+    slope is set to 0, every probability is the probe's smoothed base rate, worked out here by hand, and the ranking
+    is the method's own raw score. On today's main the TOHA random split (llama-2-13b-chat, seed 4) was turned
+    round this way and scored 0.367 instead of 0.633."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 200)
+    raw = rng.normal(-1.5 * labels, 1.0)
+    cal = Calibrator("platt").fit(raw, labels, oriented=True)
+    n_pos, n_neg = labels.sum(), len(labels) - labels.sum()
+    base = (n_pos * (n_pos + 1) / (n_pos + 2) + n_neg / (n_neg + 2)) / len(labels)  # mean of Platt's targets
+    assert cal.params["coef"] == 0.0
+    np.testing.assert_allclose(cal.transform(np.array([-5.0, 0.0, 5.0])), base, rtol=1e-12)
+    np.testing.assert_array_equal(cal.ranking(raw), raw)
+    # the same score, oriented by its own construction the right way, keeps its fitted slope
+    assert Calibrator("platt").fit(-raw, labels, oriented=True).params["coef"] > 0
+
+
 def test_lookback_lens_is_calibrated_out_of_fold(scorer, probe):
     """Lookback Lens's calibration and threshold are fitted on held-out scores: recomputed here with scikit-learn
     alone (the same folds, a logistic regression per fold on the standardised time-mean lookback ratios, with the C

@@ -124,7 +124,7 @@ def test_lookback_lens_window_classifier_spans_and_save(scorer, probe, tmp_path)
     assert x.shape == (len(y), len(scorer.model.all_heads())) and 0 < y.mean() < 1
     tokens = lens.token_scores(signals[:3])
     assert all(t.shape == (s.n_response,) and (0 <= t).all() and (t <= 1).all() for t, s in zip(tokens, signals))
-    figures = Bench.span_metrics(lens, signals, views)
+    figures = Bench.span_metrics(lens, signals, views, lens.score_signals(signals))
     assert {"span_f1", "span_trivial_f1", "window_auroc", "window_f1"} <= set(figures)
     # windows of answers the classifier never saw: above chance (the whole train split gives 0.8-0.9)
     assert figures["window_auroc"] > 0.6

@@ -44,20 +44,25 @@ class TokenView:
     def n_response(self) -> int:
         return len(self.input_ids) - self.n_prompt
 
-    def spans(self, token_scores, threshold: float) -> list[dict]:
+    def spans(self, token_scores, threshold: float, gap: int = 0) -> list[dict]:
         """Character spans of the response tokens whose score is at least ``threshold``.
 
-        Consecutive flagged tokens merge into one span; a span's edges are trimmed of white space; its
-        ``confidence`` is the highest token score inside it.
+        Consecutive flagged tokens merge into one span, and so do flagged runs at most ``gap`` tokens apart; a
+        span's edges are trimmed of white space; its ``confidence`` is the highest token score inside it.
         """
         scores = np.asarray(token_scores, dtype=float)
         if scores.shape != (self.n_response,):
             raise ValueError(f"expected {self.n_response} token scores, got shape {scores.shape}")
+        flagged = scores >= threshold
+        where = np.flatnonzero(flagged)
+        for left, right in zip(where[:-1], where[1:]):
+            if right - left - 1 <= gap:
+                flagged[left:right] = True
         text = self.sample.response
         spans: list[dict] = []
         run: list[int] = []
         for i in [*range(self.n_response), None]:
-            if i is not None and scores[i] >= threshold:
+            if i is not None and flagged[i]:
                 run.append(i)
                 continue
             if run:

@@ -107,7 +107,7 @@ class LookbackLens(Detector):
         target.model, target.window_model = source.model, source.window_model
         target.window_threshold = source.window_threshold
         target.calibrator, target.threshold = source.calibrator, source.threshold
-        target.token_threshold = source.token_threshold
+        target.token_threshold, target.span_rule = source.token_threshold, dict(source.span_rule)
         target.identity = scorer.identity()
         target.fitted_on = {**source.fitted_on, "mapped_from": source.identity.get("scoring_model"),
                             "map_samples": len(samples)}

@@ -30,6 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
+from halwatch.detectors.spans import PLAIN, fit_span_rule, gated
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
@@ -66,6 +67,7 @@ class Detector:
         self.calibrator = Calibrator(calibration)
         self.threshold: float | None = None
         self.token_threshold: float | None = None
+        self.span_rule: dict = dict(PLAIN)  # how token scores become spans (detectors.spans)
         self.identity: dict = {}
         self.fitted_on: dict = {}
 
@@ -153,10 +155,11 @@ class Detector:
             raw, tokens = self.held_out_scores(signals, labels, views)
         else:
             raw, tokens = self.raw_scores(signals), self.token_scores(signals)
-        self.calibrator.fit(raw, labels)
-        self.threshold = self.decision_threshold(self.calibrator.transform(raw), labels)
+        self.calibrator.fit(raw, labels, oriented=self.supervised)
+        probs = self.calibrator.transform(raw)
+        self.threshold = self.decision_threshold(probs, labels)
         if tokens is not None:
-            self.token_threshold = self._fit_token_threshold(tokens, labels, views)
+            self.token_threshold, self.span_rule = self._fit_token_rule(tokens, probs, labels, views)
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
                           "calibration": "out-of-fold" if self.supervised else "in-sample (unsupervised score)"}
         if self.scorer is not None:
@@ -186,15 +189,15 @@ class Detector:
         self.fit_held_out(folds, signals, views)
         return raw, None if any(t is None for t in tokens) else tokens
 
-    def _fit_token_threshold(self, tokens, labels, views) -> float:
-        """Best token-level F1 against gold spans where the probe data has them; otherwise the 95th percentile
-        of token scores in grounded probe responses (a token is flagged when it is rarer than that in grounded
-        answers)."""
+    def _fit_token_rule(self, tokens, probs, labels, views) -> tuple[float, dict]:
+        """``(token threshold, span rule)``. Where the probe data has gold spans, the rule with the best
+        character-level span F1 on the probe's (held-out) token and answer scores (:mod:`halwatch.detectors.spans`);
+        otherwise the plain rule at the 95th percentile of token scores in grounded probe responses (a token is
+        flagged when it is rarer than that in grounded answers)."""
         if views is not None:  # fit_signals keeps views only when the probe has gold spans
-            y = np.concatenate([v.token_labels() for v in views])
-            return best_f1_threshold(np.concatenate(tokens), y)
+            return fit_span_rule(tokens, views, probs, self.threshold)
         grounded = [t for t, label in zip(tokens, labels) if label == 0]
-        return float(np.quantile(np.concatenate(grounded), 0.95))
+        return float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN)
 
     def fit(self, samples: list[Sample], labels=None, progress: bool = False) -> "Detector":
         """Fit on labelled samples (``labels`` default to each sample's ``label``)."""
@@ -230,12 +233,17 @@ class Detector:
     def predict(self, samples: list[Sample]) -> np.ndarray:
         return self.score(samples) >= self.threshold
 
-    def spans_from(self, view: TokenView, signals: Signals) -> list[dict]:
+    def spans_from(self, view: TokenView, signals: Signals, prob: float | None = None) -> list[dict]:
+        """The flagged character spans of one response under the fitted span rule; ``prob``, the response's
+        probability of hallucination, is computed when the rule needs it and it is not given."""
         self._require_fitted()
         tokens = self.token_scores([signals])
         if tokens is None or self.token_threshold is None:
             return []
-        return view.spans(tokens[0], self.token_threshold)
+        if prob is None and self.span_rule != PLAIN:
+            prob = float(self.score_signals([signals])[0])
+        scores = gated(tokens[0], prob or 0.0, self.threshold, self.span_rule)
+        return [] if scores is None else view.spans(scores, self.token_threshold, self.span_rule["gap"])
 
     def verdicts(self, views: list[TokenView], signals: list[Signals]) -> list[dict]:
         """What ``halwatch score`` and the service report for each response: ``id``, ``score`` (probability of
@@ -245,7 +253,7 @@ class Detector:
         (the response is never cut)."""
         probs = self.score_signals(signals)
         return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
-                 "threshold": round(float(self.threshold), 4), "spans": self.spans_from(view, sig),
+                 "threshold": round(float(self.threshold), 4), "spans": self.spans_from(view, sig, float(p)),
                  "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
                  "input_mode": view.input_mode, "truncated": view.cut_tokens}
                 for view, sig, p in zip(views, signals, probs)]
@@ -267,6 +275,7 @@ class Detector:
             "calibration": self.calibrator.to_dict(),
             "threshold": self.threshold,
             "token_threshold": self.token_threshold,
+            "span_rule": self.span_rule,
             "state": self.state(),
             "fitted_on": self.fitted_on,
         }
@@ -286,6 +295,7 @@ class Detector:
         det.calibrator = Calibrator.from_dict(d["calibration"])
         det.threshold = d["threshold"]
         det.token_threshold = d.get("token_threshold")
+        det.span_rule = {**PLAIN, **d.get("span_rule", {})}  # artifacts from before the rule: the plain one
         det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype",
                                           "signal_versions") if k in d}
         stale = {name: v for name, v in det.identity.get("signal_versions", {}).items()

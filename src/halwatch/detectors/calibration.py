@@ -28,7 +28,7 @@ class Calibrator:
         self.method = method
         self.params: dict = {}
 
-    def fit(self, raw, labels) -> "Calibrator":
+    def fit(self, raw, labels, oriented: bool = False) -> "Calibrator":
         raw = np.asarray(raw, dtype=float)
         labels = np.asarray(labels, dtype=int)
         if len(np.unique(labels)) < 2:
@@ -46,7 +46,13 @@ class Calibrator:
                 np.vstack([z, z]), np.r_[np.ones(len(z)), np.zeros(len(z))], sample_weight=np.r_[target, 1 - target])
             self.params = {"mean": mean, "std": std, "coef": float(lr.coef_[0, 0]),
                            "intercept": float(lr.intercept_[0]), **bounds}
-            if self.params["coef"] < 0:
+            if self.params["coef"] < 0 and oriented:
+                logging.getLogger("halwatch").warning(
+                    "the detector's held-out scores on the probe data run against the labels (Platt slope %.3f): it "
+                    "is not turned round; its probabilities are the probe's base rate", self.params["coef"])
+                base = float(target.mean())
+                self.params |= {"coef": 0.0, "intercept": float(np.log(base / (1 - base)))}
+            elif self.params["coef"] < 0:
                 logging.getLogger("halwatch").warning(
                     "the raw score is anti-correlated with the labels on the probe data: the fitted calibration "
                     "reverses it (Platt slope %.3f)", self.params["coef"])

@@ -135,14 +135,14 @@ class Bench:
         return self.data(name, template.request(), needed)
 
     @staticmethod
-    def span_metrics(det, signals, views) -> dict:
+    def span_metrics(det, signals, views, probs) -> dict:
         """Span-level figures of a fitted detector on test responses that have gold spans: character-level
         precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector
         with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``)."""
         if det.token_threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]
-        out = span_scores([det.spans_from(v, s) for v, s in zip(views, signals)], gold)
+        out = span_scores([det.spans_from(v, s, p) for v, s, p in zip(views, signals, probs)], gold)
         everything = [[{"start": 0, "end": len(v.sample.response)}] for v in views]  # flag every character
         out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
         if getattr(det, "window_model", None) is not None:
@@ -198,7 +198,7 @@ class Bench:
                     det, scored = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
                         [signals[i] for i in test], options)
-                    spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test])
+                    spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test], scored[0])
                     self._record(name, generator, protocol, seed, det_name, labels[test], scored, det.threshold,
                                  time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
@@ -223,7 +223,7 @@ class Bench:
                                                                          s_labels[probe], [s_views[i] for i in probe])
                 mapped = LookbackLens.mapped_from(fitted, self.scorer, [samples[i] for i in probe])
                 scored = mapped.scores_and_ranking([signals[i] for i in test])
-                spans = self.span_metrics(mapped, [signals[i] for i in test], [views[i] for i in test])
+                spans = self.span_metrics(mapped, [signals[i] for i in test], [views[i] for i in test], scored[0])
                 self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], scored,
                              mapped.threshold, time.perf_counter() - t0, spans, probe_size=probe_size)
         return self.rows
@@ -244,7 +244,8 @@ class Bench:
                 det, scored = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
                     [t_signals[i] for i in t_test], options)
-                spans = self.span_metrics(det, [t_signals[i] for i in t_test], [t_views[i] for i in t_test])
+                spans = self.span_metrics(det, [t_signals[i] for i in t_test], [t_views[i] for i in t_test],
+                                          scored[0])
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
                              det.threshold, time.perf_counter() - t0, {**(extra or {}), **spans},
                              probe_size=probe_size)
