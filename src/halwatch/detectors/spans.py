@@ -25,7 +25,7 @@ import numpy as np
 
 #: The plain rule: the token threshold alone.
 PLAIN = {"gap": 0, "gate": False, "verdict": False}
-GAPS = (0, 1, 2, 3)
+GAPS = (0, 1, 2, 3, 5, 8)
 #: Candidate thresholds: these quantiles of the (gated) token scores of the probe.
 QUANTILES = np.linspace(0.5, 0.995, 40)
 
