@@ -6,7 +6,7 @@ import pytest
 
 from halwatch import Sample
 from halwatch.data.ragtruth import read_ragtruth
-from halwatch.detectors.spans import PLAIN, _char_table, _span_f1, fit_span_rule, gated
+from halwatch.detectors.spans import PLAIN, _char_table, _span_f1, fit_span_rule, rule_spans
 from halwatch.eval.metrics import span_scores
 from halwatch.tokens import encode
 
@@ -52,6 +52,5 @@ def test_the_rule_gates_by_the_answer_where_that_is_what_separates(smol):
     assert plain_best == pytest.approx(2 * 18 / (36 + 18))  # both answers flagged alike: precision 1/2
     threshold, rule = fit_span_rule(tokens, views, np.array([0.8, 0.2]), decision=0.5)
     assert rule != PLAIN and (rule["gate"] or rule["verdict"])
-    spans = [views[k].spans(gated(tokens[k], p, 0.5, rule), threshold, rule["gap"])
-             if gated(tokens[k], p, 0.5, rule) is not None else [] for k, p in enumerate((0.8, 0.2))]
+    spans = [rule_spans(views[k], tokens[k], p, 0.5, threshold, rule) for k, p in enumerate((0.8, 0.2))]
     assert [[s["text"] for s in x] for x in spans] == [["Napoleon Bonaparte"], []]

@@ -27,6 +27,22 @@ DEFAULT_MAX_TOKENS = 1024
 log = logging.getLogger("halwatch")
 
 
+def bridge_gaps(flagged: np.ndarray, gap: int, owner: np.ndarray | None = None) -> np.ndarray:
+    """``flagged`` with every run of at most ``gap`` unflagged tokens between two flagged ones flagged too; with
+    ``owner`` (the response of each token, for tokens of many responses end to end) only inside one response."""
+    flagged = np.asarray(flagged, dtype=bool)
+    if not gap or not flagged.any():
+        return flagged
+    n = len(flagged)
+    idx = np.arange(n)
+    prev = np.maximum.accumulate(np.where(flagged, idx, -1))  # the last flagged token at or before each
+    nxt = np.minimum.accumulate(np.where(flagged, idx, n)[::-1])[::-1]  # the first at or after
+    fill = (prev >= 0) & (nxt < n) & (nxt - prev - 1 <= gap)
+    if owner is not None:
+        fill &= (owner[np.clip(prev, 0, n - 1)] == owner) & (owner[np.clip(nxt, 0, n - 1)] == owner)
+    return flagged | fill
+
+
 @dataclass
 class TokenView:
     """The model input of one sample. Positions ``n_prompt .. len(input_ids) - 1`` are the response tokens."""
@@ -53,11 +69,7 @@ class TokenView:
         scores = np.asarray(token_scores, dtype=float)
         if scores.shape != (self.n_response,):
             raise ValueError(f"expected {self.n_response} token scores, got shape {scores.shape}")
-        flagged = scores >= threshold
-        where = np.flatnonzero(flagged)
-        for left, right in zip(where[:-1], where[1:]):
-            if right - left - 1 <= gap:
-                flagged[left:right] = True
+        flagged = bridge_gaps(scores >= threshold, gap)
         text = self.sample.response
         spans: list[dict] = []
         run: list[int] = []

@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
-from halwatch.detectors.spans import PLAIN, fit_span_rule, gated
+from halwatch.detectors.spans import PLAIN, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
@@ -242,8 +242,7 @@ class Detector:
             return []
         if prob is None and self.span_rule != PLAIN:
             prob = float(self.score_signals([signals])[0])
-        scores = gated(tokens[0], prob or 0.0, self.threshold, self.span_rule)
-        return [] if scores is None else view.spans(scores, self.token_threshold, self.span_rule["gap"])
+        return rule_spans(view, tokens[0], prob or 0.0, self.threshold, self.token_threshold, self.span_rule)
 
     def verdicts(self, views: list[TokenView], signals: list[Signals]) -> list[dict]:
         """What ``halwatch score`` and the service report for each response: ``id``, ``score`` (probability of

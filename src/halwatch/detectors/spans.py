@@ -23,6 +23,8 @@ import itertools
 
 import numpy as np
 
+from halwatch.tokens import TokenView, bridge_gaps
+
 #: The plain rule: the token threshold alone.
 PLAIN = {"gap": 0, "gate": False, "verdict": False}
 GAPS = (0, 1, 2, 3, 5, 8)
@@ -37,6 +39,13 @@ def gated(tokens: np.ndarray, prob: float, decision: float, rule: dict) -> np.nd
         return None
     tokens = np.asarray(tokens, dtype=float)
     return tokens * prob if rule.get("gate") else tokens
+
+
+def rule_spans(view: TokenView, tokens, prob: float, decision: float, threshold: float, rule: dict) -> list[dict]:
+    """The character spans of one response under ``rule`` at token ``threshold`` (``prob``: the response's
+    probability of hallucination; ``decision``: the detector's decision threshold)."""
+    scores = gated(tokens, prob, decision, rule)
+    return [] if scores is None else view.spans(scores, threshold, rule["gap"])
 
 
 def _char_table(views) -> tuple[dict, int]:
@@ -73,14 +82,8 @@ def _span_f1(flags: np.ndarray, table: dict, total_gold: int, gap: int) -> float
     """Character F1 of the spans that ``flags`` (one per token, concatenated) give with ``gap``, as
     :func:`halwatch.eval.metrics.span_scores` counts it."""
     owner = table["owner"]
-    n = len(flags)
-    idx = np.arange(n)
-    if gap:
-        prev = np.maximum.accumulate(np.where(flags, idx, -1))
-        nxt = np.minimum.accumulate(np.where(flags, idx, n)[::-1])[::-1]
-        inside = (prev >= 0) & (nxt < n)
-        same = inside & (owner[np.clip(prev, 0, n - 1)] == owner) & (owner[np.clip(nxt, 0, n - 1)] == owner)
-        flags = flags | (same & (nxt - prev - 1 <= gap))
+    idx = np.arange(len(flags))
+    flags = bridge_gaps(flags, gap, owner)
     new_answer = np.r_[True, owner[1:] != owner[:-1]]
     last_of_answer = np.r_[owner[1:] != owner[:-1], True]
     starts = flags & (new_answer | ~np.r_[False, flags[:-1]])
