@@ -196,12 +196,14 @@ class SqliteStore(Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = apsw.Connection(str(path))
+            # Wait for another writer's lock before anything else: the journal-mode switch below needs a lock too,
+            # and without a timeout a second process opening the store at the same moment fails at once.
+            self._db.set_busy_timeout(10000)
             self._db.enable_load_extension(True)
             self._db.load_extension(sqlite_vec.loadable_path())
             self._db.enable_load_extension(False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=10000")
             self._init_tables("INTEGER", "REAL")
             self._init_vectors()
         except apsw.Error as exc:
