@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from halwatch.data.jsonl import write_jsonl
+from halwatch.eval.metrics import span_scores
 
 
 def run(*args, check=True):
@@ -48,8 +49,16 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     train = tmp_path / "train.jsonl"
     write_jsonl(train, [s.to_dict() for s in probe[:6] + probe[-6:]])
     art = tmp_path / "ppl.json"
-    run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512")
-    assert json.loads(art.read_text())["fitted_on"]["n"] == 12
+    fitted = run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512")
+    fitted_on = json.loads(art.read_text())["fitted_on"]
+    assert fitted_on["n"] == 12 and "span rule: gap " in fitted.stderr
+    # the span F1 the fit reports (perplexity is unsupervised: its probe scores are the artifact's own) is the
+    # benchmark's character F1 of the spans `score` gives on the same answers
+    scored = tmp_path / "train-scored.jsonl"
+    run("score", "--input", str(train), "--output", str(scored), "--detector", str(art))
+    predicted = [json.loads(line)["spans"] for line in scored.read_text().splitlines()]
+    gold = [s.spans for s in probe[:6] + probe[-6:]]
+    assert span_scores(predicted, gold)["span_f1"] == pytest.approx(fitted_on["span_fit"]["f1"], abs=1e-4)
     out2 = tmp_path / "out2.jsonl"
     run("score", "--input", str(data), "--output", str(out2), "--detector", str(art))
     assert all(json.loads(line)["detector"] == "perplexity" for line in out2.read_text().splitlines())

@@ -50,7 +50,8 @@ def test_the_rule_gates_by_the_answer_where_that_is_what_separates(smol):
     tokens = [np.where(views[0].token_labels() > 0, 0.9, 0.1)] * 2
     plain_best = max(_span_f1(np.concatenate(tokens) >= t, *_char_table(views), 0) for t in (0.1, 0.5, 0.9))
     assert plain_best == pytest.approx(2 * 18 / (36 + 18))  # both answers flagged alike: precision 1/2
-    threshold, rule = fit_span_rule(tokens, views, np.array([0.8, 0.2]), decision=0.5)
+    threshold, rule, fit = fit_span_rule(tokens, views, np.array([0.8, 0.2]), decision=0.5)
     assert rule != PLAIN and (rule["gate"] or rule["verdict"])
+    assert fit["f1"] == 1.0 and fit["by_gap"]["0"] == 1.0  # the made-up words alone: F1 1 with no gap needed
     spans = [rule_spans(views[k], tokens[k], p, 0.5, threshold, rule) for k, p in enumerate((0.8, 0.2))]
     assert [[s["text"] for s in x] for x in spans] == [["Napoleon Bonaparte"], []]

@@ -213,6 +213,13 @@ def cmd_fit(args) -> int:
     detector.save(args.output)
     note(f"fitted {detector.name} on {len(samples)} samples "
           f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}")
+    span_fit = detector.fitted_on.get("span_fit")
+    if span_fit:
+        from halwatch.detectors.spans import describe_rule
+
+        by_gap = ", ".join(f"{gap}: {f1:.3f}" for gap, f1 in span_fit["by_gap"].items())
+        note(f"span rule: {describe_rule(detector.span_rule)}; character span F1 on the held-out training answers "
+             f"{span_fit['f1']:.3f} (best with each gap: {by_gap})")
     return 0
 
 

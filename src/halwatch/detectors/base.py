@@ -158,10 +158,13 @@ class Detector:
         self.calibrator.fit(raw, labels, oriented=self.supervised)
         probs = self.calibrator.transform(raw)
         self.threshold = self.decision_threshold(probs, labels)
+        span_fit = None
         if tokens is not None:
-            self.token_threshold, self.span_rule = self._fit_token_rule(tokens, probs, labels, views)
+            self.token_threshold, self.span_rule, span_fit = self._fit_token_rule(tokens, probs, labels, views)
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
                           "calibration": "out-of-fold" if self.supervised else "in-sample (unsupervised score)"}
+        if span_fit:
+            self.fitted_on["span_fit"] = span_fit
         if self.scorer is not None:
             self.identity = {**self.scorer.identity(), "signal_versions": reducers.versions(self.request().reducers)}
         return self
@@ -189,15 +192,15 @@ class Detector:
         self.fit_held_out(folds, signals, views)
         return raw, None if any(t is None for t in tokens) else tokens
 
-    def _fit_token_rule(self, tokens, probs, labels, views) -> tuple[float, dict]:
-        """``(token threshold, span rule)``. Where the probe data has gold spans, the rule with the best
-        character-level span F1 on the probe's (held-out) token and answer scores (:mod:`halwatch.detectors.spans`);
-        otherwise the plain rule at the 95th percentile of token scores in grounded probe responses (a token is
-        flagged when it is rarer than that in grounded answers)."""
+    def _fit_token_rule(self, tokens, probs, labels, views) -> tuple[float, dict, dict | None]:
+        """``(token threshold, span rule, probe span figures)``. Where the probe data has gold spans, the rule with
+        the best character-level span F1 on the probe's (held-out) token and answer scores
+        (:mod:`halwatch.detectors.spans`); otherwise the plain rule at the 95th percentile of token scores in grounded
+        probe responses (a token is flagged when it is rarer than that in grounded answers), and no figures."""
         if views is not None:  # fit_signals keeps views only when the probe has gold spans
             return fit_span_rule(tokens, views, probs, self.threshold)
         grounded = [t for t, label in zip(tokens, labels) if label == 0]
-        return float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN)
+        return float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN), None
 
     def fit(self, samples: list[Sample], labels=None, progress: bool = False) -> "Detector":
         """Fit on labelled samples (``labels`` default to each sample's ``label``)."""

@@ -27,7 +27,7 @@ from halwatch.tokens import TokenView, bridge_gaps
 
 #: The plain rule: the token threshold alone.
 PLAIN = {"gap": 0, "gate": False, "verdict": False}
-GAPS = (0, 1, 2, 3, 5, 8)
+GAPS = (0, 1, 2, 3, 5, 8, 12, 16)
 #: Candidate thresholds: these quantiles of the (gated) token scores of the probe.
 QUANTILES = np.linspace(0.5, 0.995, 40)
 
@@ -94,12 +94,14 @@ def _span_f1(flags: np.ndarray, table: dict, total_gold: int, gap: int) -> float
     return float(2 * hit / (predicted + total_gold)) if predicted + total_gold else 0.0
 
 
-def fit_span_rule(tokens: list, views: list, probs: np.ndarray, decision: float) -> tuple[float, dict]:
-    """``(threshold, rule)`` with the highest character-level span F1 on the probe: every rule of :data:`GAPS` x
+def fit_span_rule(tokens: list, views: list, probs: np.ndarray, decision: float) -> tuple[float, dict, dict]:
+    """``(threshold, rule, fit)`` with the highest character-level span F1 on the probe: every rule of :data:`GAPS` x
     gate x verdict, each with thresholds at :data:`QUANTILES` of its token scores. Ties keep the earlier, plainer
-    rule."""
+    rule. ``fit`` reports the probe figures: the chosen rule's F1 (``f1``) and the best F1 reached with each gap
+    (``by_gap``), so that a user sees how flat the choice was and whether it sits at the grid's edge."""
     table, total_gold = _char_table(views)
     best = (-1.0, 0.5, PLAIN)
+    by_gap = {gap: 0.0 for gap in GAPS}
     for verdict, gate in itertools.product((False, True), (False, True)):
         rule = {"gap": 0, "gate": gate, "verdict": verdict}
         scores = [gated(t, p, decision, rule) for t, p in zip(tokens, probs)]
@@ -111,6 +113,14 @@ def fit_span_rule(tokens: list, views: list, probs: np.ndarray, decision: float)
             flags = values >= threshold
             for gap in GAPS:
                 f1 = _span_f1(flags, table, total_gold, gap)
+                by_gap[gap] = max(by_gap[gap], f1)
                 if f1 > best[0]:
                     best = (f1, float(threshold), {**rule, "gap": gap})
-    return best[1], best[2]
+    fit = {"f1": round(max(best[0], 0.0), 4), "by_gap": {str(g): round(f, 4) for g, f in by_gap.items()}}
+    return best[1], best[2], fit
+
+
+def describe_rule(rule: dict) -> str:
+    """One line for people: ``gap 8, gated, verdict only``."""
+    return ", ".join([f"gap {rule['gap']}"] + (["gated"] if rule.get("gate") else [])
+                     + (["verdict only"] if rule.get("verdict") else []))

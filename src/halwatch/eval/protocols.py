@@ -138,13 +138,19 @@ class Bench:
     def span_metrics(det, signals, views, probs) -> dict:
         """Span-level figures of a fitted detector on test responses that have gold spans: character-level
         precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector
-        with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``)."""
+        with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``); with
+        the span rule and its F1 on the training answers it was chosen on."""
+        from halwatch.detectors.spans import describe_rule
+
         if det.token_threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]
         out = span_scores([det.spans_from(v, s, p) for v, s, p in zip(views, signals, probs)], gold)
         everything = [[{"start": 0, "end": len(v.sample.response)}] for v in views]  # flag every character
         out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
+        out["span_rule"] = describe_rule(det.span_rule)  # chosen on the training answers (detectors.spans)
+        if "span_fit" in det.fitted_on:
+            out["span_fit_f1"] = det.fitted_on["span_fit"]["f1"]  # its F1 there, held out for a supervised detector
         if getattr(det, "window_model", None) is not None:
             x, y = det.window_data(signals, views)
             found = evaluate(y, det.window_probabilities(x), det.window_threshold, det.window_logodds(x))
