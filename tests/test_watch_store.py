@@ -254,6 +254,29 @@ def test_two_writers_on_one_store_at_once(backend, tmp_path, pg_folder):
         store.close()
 
 
+def test_a_sqlite_transaction_that_reads_first_waits_for_another_writer(tmp_path):
+    """A transaction that reads before it writes, while another connection commits in between: with a deferred
+    transaction SQLite refuses the late write at once ("database is locked", a stale snapshot); the store's
+    transactions take the write lock when they begin, so the other writer waits and both writes land."""
+    import threading
+
+    uri = f"sqlite:{tmp_path / 'tx.db'}"
+    first, second = open_store(uri), open_store(uri)
+    done = []
+    try:
+        with first._tx():
+            first._exec("SELECT COUNT(*) FROM meta")
+            other = threading.Thread(target=lambda: done.append(second.set_meta(other=1)))
+            other.start()
+            time.sleep(0.5)  # the other writer commits here when nothing holds it back
+            first._set_meta("mine", 1)
+        other.join(timeout=30)
+        assert done == [None] and first.meta() == {"mine": 1, "other": 1}
+    finally:
+        first.close()
+        second.close()
+
+
 def test_processes_opening_a_new_sqlite_store_at_the_same_moment_all_succeed(tmp_path):
     """Four processes create one SQLite store at the same instant (the journal-mode switch needs a lock): each waits
     for the others' locks instead of failing with "database is locked" (it did, about one round in three)."""

@@ -21,6 +21,7 @@ in a message or in the store's ``uri`` (:func:`redact`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -223,8 +224,22 @@ class SqliteStore(Store):
                        f"distance_metric=cosine)")
         self.dim = int(dim)
 
+    @contextlib.contextmanager
     def _tx(self):
-        return self._db
+        """A transaction that takes the write lock when it begins (``BEGIN IMMEDIATE``), waiting for another
+        process's lock up to the busy timeout. A deferred transaction that reads first (``CREATE TABLE IF NOT
+        EXISTS``, an upsert) and writes later fails at once with "database is locked" when another process commits
+        in between: its snapshot is stale, and SQLite does not wait then."""
+        if self._db.in_transaction:
+            yield self._db
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _exec(self, sql, args=()):
         return list(self._db.execute(sql, args))
