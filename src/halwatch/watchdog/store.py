@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -195,20 +197,34 @@ class SqliteStore(Store):
         if path.is_dir():
             raise StoreError(f"{path} is a folder, not a database file")
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = apsw.Connection(str(path))
-            # Wait for another writer's lock before anything else: the journal-mode switch below needs a lock too,
-            # and without a timeout a second process opening the store at the same moment fails at once.
-            self._db.set_busy_timeout(10000)
-            self._db.enable_load_extension(True)
-            self._db.load_extension(sqlite_vec.loadable_path())
-            self._db.enable_load_extension(False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._init_tables("INTEGER", "REAL")
-            self._init_vectors()
-        except apsw.Error as exc:
-            raise StoreError(f"cannot open {path} as a store: {exc}") from None
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._open(path, apsw, sqlite_vec)
+                return
+            except apsw.BusyError as exc:
+                # Two processes that open a new store at once both switch it to WAL: each holds a shared lock and
+                # wants an exclusive one, and SQLite answers one of them "busy" at once instead of letting both wait
+                # for ever. Start again after a short random pause, up to the deadline.
+                if getattr(self, "_db", None) is not None:
+                    self._db.close()
+                if time.monotonic() > deadline:
+                    raise StoreError(f"cannot open {path} as a store: {exc}") from None
+                time.sleep(random.uniform(0.02, 0.2))
+            except apsw.Error as exc:
+                raise StoreError(f"cannot open {path} as a store: {exc}") from None
+
+    def _open(self, path: Path, apsw, sqlite_vec) -> None:
+        self._db = apsw.Connection(str(path))
+        # Wait for another writer's lock before anything else: the journal-mode switch below needs a lock too.
+        self._db.set_busy_timeout(10000)
+        self._db.enable_load_extension(True)
+        self._db.load_extension(sqlite_vec.loadable_path())
+        self._db.enable_load_extension(False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._init_tables("INTEGER", "REAL")
+        self._init_vectors()
 
     def _vector_dim(self) -> int | None:
         import re
