@@ -202,17 +202,15 @@ class SqliteStore(Store):
             try:
                 self._open(path, apsw, sqlite_vec)
                 return
-            except apsw.BusyError as exc:
+            except apsw.Error as exc:
+                if getattr(self, "_db", None) is not None:
+                    self._db.close()  # no connection is left open by a failed attempt
                 # Two processes that open a new store at once both switch it to WAL: each holds a shared lock and
                 # wants an exclusive one, and SQLite answers one of them "busy" at once instead of letting both wait
-                # for ever. Start again after a short random pause, up to the deadline.
-                if getattr(self, "_db", None) is not None:
-                    self._db.close()
-                if time.monotonic() > deadline:
+                # for ever. Start again after a short random pause, up to the deadline; any other error is final.
+                if not isinstance(exc, apsw.BusyError) or time.monotonic() > deadline:
                     raise StoreError(f"cannot open {path} as a store: {exc}") from None
                 time.sleep(random.uniform(0.02, 0.2))
-            except apsw.Error as exc:
-                raise StoreError(f"cannot open {path} as a store: {exc}") from None
 
     def _open(self, path: Path, apsw, sqlite_vec) -> None:
         self._db = apsw.Connection(str(path))
