@@ -134,6 +134,31 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def test_nearest_past_the_sqlite_vec_knn_limit(tmp_path):
+    """sqlite-vec refuses a KNN query for more than 4,096 neighbours ("k value in knn query too large"); a bigger
+    store asked for more gets the exact answer, checked against a scan of the inserted vectors in numpy, and the
+    first neighbours agree with sqlite-vec's own query."""
+    from halwatch.watchdog.store import KNN_LIMIT
+
+    store = open_store(f"sqlite:{tmp_path / 'big.db'}")
+    try:
+        rng = np.random.default_rng(0)
+        inserted = rng.normal(size=(KNN_LIMIT + 10, DIM)).astype(np.float32)
+        inserted /= np.linalg.norm(inserted, axis=1, keepdims=True)
+        ids = [store.add_point(f"p{i}", v, entropy=0.5) for i, v in enumerate(inserted)]
+        query = inserted[0] + 0.5 * inserted[1]
+        expected = inserted.astype(np.float64) @ (query / np.linalg.norm(query))
+        order = np.argsort(-expected, kind="stable")
+        found = store.nearest(query, len(inserted) + 5)  # more than stored, and past the limit
+        assert len(found) == len(inserted)
+        assert [p["id"] for p, _, _ in found[:100]] == [ids[i] for i in order[:100]]
+        np.testing.assert_allclose([s for _, s, _ in found], expected[order], atol=1e-6)
+        knn = store.nearest(query, 50)  # sqlite-vec's own query
+        assert [p["id"] for p, _, _ in knn] == [p["id"] for p, _, _ in found[:50]]
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_writer_leaves_a_consistent_store(backend, tmp_path, pg_folder):
     """Kill the writer (SIGKILL) in the middle of its stream of transactions; reopen: nothing is corrupt, every

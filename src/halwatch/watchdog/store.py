@@ -172,6 +172,10 @@ def _plain(value):
     return value
 
 
+#: The most neighbours one sqlite-vec KNN query returns (its own limit, ``k value in knn query too large``).
+KNN_LIMIT = 4096
+
+
 def _vector(vector, dim: int = DIM) -> np.ndarray:
     v = np.asarray(vector, dtype=np.float32).reshape(-1)
     if v.shape != (dim,) or not np.isfinite(v).all() or not np.linalg.norm(v) > 0:
@@ -266,10 +270,19 @@ class SqliteStore(Store):
         self._db.execute("INSERT INTO vectors (rowid, embedding) VALUES (?, ?)", [point_id, v.tobytes()])
 
     def nearest(self, vector, k: int):
-        if k < 1 or not self.count():
+        """sqlite-vec answers a KNN query for at most ``KNN_LIMIT`` neighbours; past that (a store of more points, asked
+        for more of them) the answer is an exact scan of every stored vector, the same cosine similarity in float64."""
+        n = self.count()
+        if k < 1 or not n:
             return []
+        query, k = _vector(vector, self.dim), min(int(k), n)
+        if k > KNN_LIMIT:
+            ids, matrix = self.vectors()
+            similarity = matrix.astype(np.float64) @ query.astype(np.float64)
+            order = np.argsort(-similarity, kind="stable")[:k]
+            return [(self.point(ids[i]), float(similarity[i]), matrix[i]) for i in order]
         rows = self._exec("SELECT rowid, distance, embedding FROM vectors WHERE embedding MATCH ? AND k = ? "
-                          "ORDER BY distance", [_vector(vector, self.dim).tobytes(), int(k)])
+                          "ORDER BY distance", [query.tobytes(), k])
         return [(self.point(r), 1.0 - float(d), np.frombuffer(e, dtype=np.float32)) for r, d, e in rows]
 
     def vectors(self):
