@@ -63,6 +63,7 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     bench.run("kfold", datasets[:1], seeds=[0])
     bench.run("transfer", datasets, seeds=[0])
     _check_rows_against_sklearn(bench)
+    assert all(r["dirty"] == r["commit"].endswith("-dirty") for r in bench.rows)
     protocols = {r["protocol"] for r in bench.rows}
     assert protocols == {"ragtruth-official", "random-splits", "kfold", "transfer"}
     assert {r["detector"] for r in bench.rows} == set(DETECTORS)
@@ -88,6 +89,31 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
         if pred["detector"] != "length":
             raw = np.array(pred["raw"])
             assert 1 - len(np.unique(raw)) / len(raw) < 0.01, pred["detector"]
+
+
+def test_every_split_keeps_a_source_on_one_side():
+    """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
+    from halwatch.data.splits import split_of
+    from halwatch.eval.protocols import load_dataset
+
+    samples, _ = load_dataset("ragtruth:llama-2-7b-chat+mistral-7B-instruct")
+    sources = np.array([s.source for s in samples])
+    for protocol, size in (("dev", None), ("official", None), ("random-splits", 100), ("kfold", None)):
+        for _, probe, test in make_splits(protocol, samples, [0, 1], size):
+            assert not set(sources[probe]) & set(sources[test]), protocol
+    _, probe, test = make_splits("dev", samples, [0])[0]
+    assert {split_of(samples[i]) for i in probe} == {"train"} and {split_of(samples[i]) for i in test} == {"dev"}
+    assert {samples[i].meta["split"] for i in make_splits("official", samples, [0])[0][2]} == {"test"}
+
+
+def test_published_results_come_from_clean_trees():
+    """A row of docs/results made from a tree with uncommitted changes is not a result: none is published."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results"
+    for path in folder.glob("**/results.json"):
+        for row in json.loads(path.read_text()):
+            assert not str(row.get("commit", "")).endswith("-dirty") and not row.get("dirty"), (path, row["commit"])
 
 
 def test_splits_are_disjoint_and_stratified(datasets):

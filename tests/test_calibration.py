@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import StratifiedGroupKFold
 
 from halwatch.detectors import create_detector
 from halwatch.detectors.attention import mean_lookback
@@ -71,18 +71,20 @@ def test_a_supervised_score_is_never_turned_round():
 
 def test_lookback_lens_is_calibrated_out_of_fold(scorer, probe):
     """Lookback Lens's calibration and threshold are fitted on held-out scores: recomputed here with scikit-learn
-    alone (the same folds, a logistic regression per fold on the standardised time-mean lookback ratios, with the C
-    that cross-validation chose), they give the same Platt parameters and threshold."""
+    alone (the same folds, stratified and by source, a logistic regression per fold on the standardised time-mean
+    lookback ratios, with the C that cross-validation chose), they give the same Platt parameters and threshold."""
     lens = create_detector("lookback-lens", scorer)
     lens.fit(probe)
-    assert lens.fitted_on["calibration"] == "out-of-fold"
+    assert lens.fitted_on["calibration"] == "out-of-fold, folds by source"
     signals = scorer.signals(probe, lens.request())
     x = mean_lookback(signals, scorer.model.all_heads())
     y = np.array([s.label for s in probe])
     held_out = np.zeros(len(y))
-    for train, test in StratifiedKFold(5, shuffle=True, random_state=0).split(x, y):
+    groups = [s.source for s in probe]
+    for train, test in StratifiedGroupKFold(5, shuffle=True, random_state=0).split(x, y, groups):
         mean, std = x[train].mean(0), x[train].std(0) + 1e-8
-        lr = LogisticRegression(C=lens.model["C"], max_iter=1000).fit((x[train] - mean) / std, y[train])
+        lr = LogisticRegression(C=lens.model["C"], max_iter=10000, tol=1e-10).fit((x[train] - mean) / std,
+                                                                                  y[train])
         held_out[test] = lr.decision_function((x[test] - mean) / std)
     reference = Calibrator("platt").fit(held_out, y)
     for key in ("coef", "intercept", "mean", "std"):

@@ -25,7 +25,8 @@ def test_score_one_answer():
               "--response", "Insulin is produced by red blood cells in the bone marrow.")
     result = json.loads(out.stdout)
     assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "detector", "scoring_model",
-                           "input_mode", "truncated"}
+                           "input_mode", "truncated", "ood"}
+    assert set(result["ood"]) == {"distance", "percentile", "extrapolated"}
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:
         assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]
@@ -130,3 +131,48 @@ def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path):
 
     position = {s.id: i for i, s in enumerate(read_ragtruth(generator="llama-2-7b-chat", split="test"))}
     assert [position[i] for i in ids[12]] == sorted(position[i] for i in ids[12])  # file order kept
+
+
+def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path):
+    """`halwatch calibrate --target-fpr`: scored with the written artifact, the calibration answers' grounded ones
+    above the threshold number exactly what split-conformal allows (n0 - ceil((n0 + 1)(1 - a))), and the command
+    prints the guarantee with its caveat."""
+    import math
+
+    from halwatch.data.shapes import build_squad_shapes
+
+    shapes = [s for s in build_squad_shapes(n_questions=40, n_unanswerable=10, seed=7)
+              if s.meta["shape"] in ("phrase", "phrase-swap", "unanswerable")]
+    grounded = [s for s in shapes if s.label == 0][:39]
+    made_up = [s for s in shapes if s.label == 1][:15]
+    data = tmp_path / "mine.jsonl"
+    write_jsonl(data, [s.to_dict() for s in grounded + made_up])
+    art = tmp_path / "mine.json"
+    out = run("calibrate", "--input", str(data), "--target-fpr", "0.2", "--output", str(art))
+    assert "split-conformal" in out.stderr and "exchangeable" in out.stderr
+    recal = json.loads(art.read_text())
+    assert recal["decision"] == "conformal fpr=0.2" and recal["fitted_on"]["recalibrated"]["n"] == 54
+    scored = tmp_path / "scored.jsonl"
+    run("score", "--input", str(data), "--output", str(scored), "--detector", str(art))
+    rows = [json.loads(line) for line in scored.read_text().splitlines()]
+    flagged_grounded = sum(r["hallucinated"] for r in rows[:39])
+    assert flagged_grounded == 39 - math.ceil(40 * 0.8)
+    assert all(r["threshold"] == pytest.approx(recal["threshold"], abs=1e-4) for r in rows)
+
+
+def test_score_a_summary_without_a_question(tmp_path):
+    """A record with a context and no question is scored with the summary template (or the --task given)."""
+    article = ("The city council of Springfield voted on Tuesday to build a new public library on Main Street. "
+               "The library will cost 12 million dollars and open in 2027.")
+    from halwatch.sample import SUMMARY_TEMPLATE
+
+    summary = "Springfield will build a new library on Main Street that opens in 2027."
+    out = json.loads(run("score", "--no-cache", "--context", article, "--response", summary).stdout)
+    same = json.loads(run("score", "--no-cache", "--prompt", SUMMARY_TEMPLATE.format(context=article),
+                          "--response", summary).stdout)
+    assert out["score"] == same["score"] and out["spans"] == same["spans"]
+    dialogue = json.loads(run("score", "--no-cache", "--context", article, "--question", "Is the library big?",
+                              "--task", "dialogue", "--response", summary).stdout)
+    assert dialogue["score"] != out["score"]
+    bad = run("score", "--no-cache", "--context", article, "--task", "qa", "--response", "x", check=False)
+    assert bad.returncode == 2 and "task 'qa' needs a question" in bad.stderr

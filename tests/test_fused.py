@@ -1,5 +1,6 @@
-"""The fused detector: out-of-fold stacking (an answer's held-out inputs come from models that never saw it), the
-length coefficient it reports, and its ablation switch."""
+"""The fused detector: out-of-fold stacking by source (an answer's held-out inputs come from models that never saw
+it or any answer to its source), the length coefficient it reports, its ablation switch, the lexical support it
+reads, and its distance from the training data."""
 
 import numpy as np
 import pytest
@@ -9,32 +10,34 @@ from halwatch.detectors import create_detector
 
 @pytest.fixture(scope="module")
 def fitted(scorer, probe):
-    return create_detector("fused", scorer, C=1.0, token_l2=0.01, folds=4).fit(probe)
+    return create_detector("fused", scorer, C=1.0, token_C=1e-3, folds=4).fit(probe)
 
 
 def test_held_out_inputs_are_out_of_fold(scorer, probe, fitted):
     """Every stacker input of an answer comes from models that never saw it: a family's column equals a logistic
-    regression refitted here with scikit-learn on the other folds; and removing one answer's gold spans leaves its
-    pooled token scores as they were (the token model that scored it never read them) while others move."""
+    regression refitted here with scikit-learn on the other folds (stratified folds by source); and removing one
+    answer's gold spans leaves its pooled token scores as they were (the token model that scored it never read
+    them) while others move."""
     from dataclasses import replace
 
     from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold
+    from sklearn.model_selection import StratifiedGroupKFold
 
     y = np.array([s.label for s in probe])
     x = fitted.answer_features(scorer.signals(probe, fitted.request()))["lookback"]
     expected = np.zeros(len(y))
-    for train, held in StratifiedKFold(4, shuffle=True, random_state=0).split(x, y):
+    groups = [s.source for s in probe]
+    for train, held in StratifiedGroupKFold(4, shuffle=True, random_state=0).split(x, y, groups):
         mean, std = x[train].mean(0), x[train].std(0) + 1e-8
-        lr = LogisticRegression(C=1.0, max_iter=1000).fit((x[train] - mean) / std, y[train])
+        lr = LogisticRegression(C=1.0, max_iter=10000, tol=1e-10).fit((x[train] - mean) / std, y[train])
         expected[held] = lr.decision_function((x[held] - mean) / std)
     column = fitted.columns.index("lookback")
-    np.testing.assert_allclose(fitted.held_out_inputs[:, column], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fitted.held_out_inputs[:, column], expected, rtol=1e-3, atol=1e-3)
 
     k = next(i for i, s in enumerate(probe) if s.spans)
     changed = list(probe)
     changed[k] = replace(probe[k], spans=[])
-    other = create_detector("fused", scorer, C=1.0, token_l2=0.01, folds=4).fit(changed)
+    other = create_detector("fused", scorer, C=1.0, token_C=1e-3, folds=4).fit(changed)
     pooled = [fitted.columns.index(c) for c in ("token_max", "token_top", "token_mean")]
     np.testing.assert_allclose(other.held_out_inputs[k, pooled], fitted.held_out_inputs[k, pooled], atol=1e-5)
     assert not np.allclose(other.held_out_inputs[:, pooled], fitted.held_out_inputs[:, pooled], atol=1e-5)
@@ -45,7 +48,7 @@ def test_scores_spans_coefficients_and_ablation(scorer, probe, ragtruth_train, f
     probs = fitted.score(held_out)
     assert probs.shape == (4,) and np.all((probs > 0) & (probs < 1))
     coefficients = fitted.coefficients()
-    assert set(coefficients) == {"lookback", "toha", "diag", "sink", "hidden", "uncertainty", "token_max",
+    assert set(coefficients) == {"lookback", "toha", "diag", "hidden", "uncertainty", "support", "token_max",
                                  "token_top", "token_mean", "log_length"}
     for sample in held_out:
         for span in fitted.spans(sample):
@@ -54,6 +57,39 @@ def test_scores_spans_coefficients_and_ablation(scorer, probe, ragtruth_train, f
     assert tokens.shape == (scorer.encode(held_out[0]).n_response,) and ((0 < tokens) & (tokens < 1)).all()
     lean = create_detector("fused", scorer, C=1.0, folds=3, drop=["tokens", "hidden"]).fit(probe)
     assert lean.token_model is None and lean.spans(held_out[0]) == []
-    assert set(lean.coefficients()) == {"lookback", "toha", "diag", "sink", "uncertainty", "log_length"}
+    assert set(lean.coefficients()) == {"lookback", "toha", "diag", "uncertainty", "support", "log_length"}
     with pytest.raises(ValueError, match="unknown signal families"):
         create_detector("fused", scorer, drop=["colour"])
+
+
+def test_lexical_support_reads_the_context():
+    """The support flags of each token, checked by hand on an answer with one made-up year and one made-up name."""
+    from halwatch.signals import support
+
+    context = "The Eiffel Tower in Paris was completed in 1889 and was designed by the company of Gustave Eiffel."
+    response = "The Eiffel Tower was completed in 1925 and was designed by Napoleon Bonaparte."
+    spans, flags = support.word_flags(context, response)
+    words = [response[a:b] for a, b in spans]
+    novel = {w for w, f in zip(words, flags) if f[0]}
+    assert novel == {"1925", "Napoleon", "Bonaparte"}
+    assert {w for w, f in zip(words, flags) if f[3]} == {"1925"}  # the number absent from the context
+    assert {w for w, f in zip(words, flags) if f[4]} == {"Napoleon", "Bonaparte"}  # capitalised and absent
+    answer = dict(zip(support.ANSWER_FEATURES, support.answer_features(context, response)))
+    content = [w for w in words if w.lower() not in support.STOPWORDS]
+    assert answer["novel_word_share"] == pytest.approx(3 / len(content))
+    assert answer["log_longest_novel_run"] == pytest.approx(np.log1p(2))  # "Napoleon Bonaparte"
+    grounded = support.answer_features(context, "The Eiffel Tower was completed in 1889.")
+    assert grounded[0] == 0 and grounded[6] == 0 and grounded[7] == 0
+
+
+def test_distance_from_the_training_data(scorer, probe, fitted):
+    """Training answers lie inside the recorded distances; an answer whose inputs are pushed far from them is
+    reported as extrapolated."""
+    signals = scorer.signals(probe, fitted.request())
+    found = fitted.ood(signals)
+    assert len(found) == len(probe) and all(0 <= f["percentile"] <= 1 for f in found)
+    inputs = np.asarray(fitted.ood_inputs(signals))
+    far = fitted.ood_from_inputs(inputs[:1] + 50 * np.array(fitted.ood_reference["std"]))[0]
+    assert far["extrapolated"] and far["percentile"] == 1.0 and far["distance"] > 40
+    verdict = fitted.verdicts([scorer.encode(probe[0])], signals[:1])[0]
+    assert set(verdict["ood"]) == {"distance", "percentile", "extrapolated"}

@@ -37,6 +37,15 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
     add_device_options(p)
 
 
+def _add_labelled_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", help="labelled generic JSONL (label 1 = hallucinated)")
+    p.add_argument("--datasets", nargs="+", metavar="NAME",
+                   help="instead of --input: named datasets (as halwatch bench takes them), the parts of --split")
+    p.add_argument("--split", default="train", choices=["train", "dev", "test", "train+dev"],
+                   help="with --datasets: which split(s) (default train)")
+    _add_task_option(p)
+
+
 def _batch_size(text: str) -> int | None:
     if text == "auto":
         return None
@@ -51,15 +60,25 @@ def _batch_size(text: str) -> int | None:
 
 def _add_question_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt of a single answer")
-    p.add_argument("--context", help="the retrieved context of a single answer")
-    p.add_argument("--question", help="the question of a single answer (with --context)")
+    p.add_argument("--context", help="the retrieved context (or the document summarised, the knowledge of a dialogue "
+                                     "reply, the data of a report) of a single answer")
+    p.add_argument("--question", help="the question of a single answer (with --context; none for a summary)")
 
 
-def _read_input(path: str, skip_invalid: bool):
+def _add_task_option(p: argparse.ArgumentParser) -> None:
+    from halwatch.sample import TASKS
+
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="how a context is turned into a prompt where a record names no task: qa (context and "
+                        "question), summary, dialogue (knowledge and the last turn as question) or data2text "
+                        "(default: qa with a question, summary without)")
+
+
+def _read_input(path: str, skip_invalid: bool, task: str | None = None):
     from halwatch.data.jsonl import read_jsonl
 
     skipped = []
-    samples = read_jsonl(path, skip_invalid=skip_invalid, on_skip=skipped.append)
+    samples = read_jsonl(path, skip_invalid=skip_invalid, on_skip=skipped.append, task=task)
     for err in skipped:
         log.warning("skipped %s", err)
     if not samples:
@@ -164,7 +183,7 @@ def cmd_score(args) -> int:
 
     single = args.response is not None
     if single == bool(args.input):
-        raise InputError("give either --input FILE or --response with --prompt or --context and --question")
+        raise InputError("give either --input FILE or --response with --prompt or --context (and --question)")
     if args.input and not args.output:
         raise InputError("--input needs --output FILE")
     artifact = read_artifact(args.detector)
@@ -174,9 +193,9 @@ def cmd_score(args) -> int:
     detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     if single:
         samples = [Sample(response=args.response, prompt=args.prompt or "", context=args.context,
-                          question=args.question, id=args.id)]
+                          question=args.question, id=args.id, task=args.task)]
     else:
-        samples = _read_input(args.input, args.skip_invalid)
+        samples = _read_input(args.input, args.skip_invalid, args.task)
     samples, views = _encode_all(scorer, samples, args.skip_invalid)
     signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
     records = detector.verdicts(views, signals)
@@ -195,21 +214,41 @@ def cmd_score(args) -> int:
     return 0
 
 
+def _labelled_input(args, scorer):
+    """The labelled samples of ``fit`` and ``calibrate``: ``--input`` (generic JSONL) or ``--datasets`` (named
+    datasets, the parts of ``--split``), encodable with ``scorer``; with a description for the artifact."""
+    if bool(args.input) == bool(getattr(args, "datasets", None)):
+        raise InputError("give either --input FILE or --datasets NAME ...")
+    if args.input:
+        samples = _read_input(args.input, args.skip_invalid, args.task)
+        describe = str(args.input)
+    else:
+        from halwatch.data.splits import split_of
+        from halwatch.eval.protocols import load_dataset
+
+        parts = args.split.split("+")
+        samples = [s for name in args.datasets for s in load_dataset(name)[0] if split_of(s) in parts]
+        if not samples:
+            raise InputError(f"no samples of the split(s) {args.split} in {', '.join(args.datasets)}")
+        describe = f"{', '.join(args.datasets)}: split {args.split}"
+    samples, _ = _encode_all(scorer, samples, args.skip_invalid)
+    unlabelled = [s for s in samples if s.label is None]
+    if unlabelled:
+        raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)
+    return samples, args.describe or describe
+
+
 def cmd_fit(args) -> int:
     from halwatch.detectors import create_detector, parse_settings
 
     scorer = _scorer_from(args)
-    samples = _read_input(args.input, args.skip_invalid)
-    samples, views = _encode_all(scorer, samples, args.skip_invalid)
     if args.map_from:
-        return _fit_mapped(args, scorer, samples)
-    unlabelled = [s for s in samples if s.label is None]
-    if unlabelled:
-        raise InputError("record has no label: fitting needs 'label' on every record", unlabelled[0].where)
+        samples = _read_input(args.input, args.skip_invalid, args.task)
+        return _fit_mapped(args, scorer, _encode_all(scorer, samples, args.skip_invalid)[0])
+    samples, describe = _labelled_input(args, scorer)
     detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration, **parse_settings(args.set))
-    signals = scorer.signals(samples, detector.request(), progress=True, views=views)
-    detector.fit_signals(signals, [s.label for s in samples], views)
-    detector.fitted_on["data"] = args.describe or str(args.input)
+    detector.fit(samples, progress=True)
+    detector.fitted_on["data"] = describe
     detector.save(args.output)
     note(f"fitted {detector.name} on {len(samples)} samples "
           f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}")
@@ -220,6 +259,33 @@ def cmd_fit(args) -> int:
         by_gap = ", ".join(f"{gap}: {f1:.3f}" for gap, f1 in span_fit["by_gap"].items())
         note(f"span rule: {describe_rule(detector.span_rule)}; character span F1 on the held-out training answers "
              f"{span_fit['f1']:.3f} (best with each gap: {by_gap})")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from halwatch.detectors import DETECTORS, read_artifact
+
+    artifact = read_artifact(args.detector)
+    scorer = _scorer_from(args, artifact)
+    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+    samples, describe = _labelled_input(args, scorer)
+    labels = [s.label for s in samples]
+    if len(set(labels)) < 2:
+        raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
+    signals = scorer.signals(samples, detector.request(), progress=True)
+    report = detector.recalibrate(signals, labels, args.target_fpr, describe)
+    detector.save(args.output)
+    tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"
+    note(f"calibrated {detector.name} on {report['n']} answers ({report['n_hallucinated']} hallucinated; the "
+         f"probabilities now assume that share) -> {args.output}")
+    note(f"threshold {report['threshold']:.4f}: on these answers false-positive rate {report['fpr']:.3f}, "
+         f"true-positive rate {tpr}")
+    if args.target_fpr is not None:
+        note(f"guarantee (split-conformal, {report['n']- report['n_hallucinated']} grounded answers): a new grounded "
+             f"answer like these is flagged with probability at most {report['bound']:.3f} on average over "
+             f"calibration sets; for this set the rate lies below {report['fpr_90']:.3f} with 90 % probability. It "
+             f"holds only for answers exchangeable with these (same source of questions, generator, template): "
+             f"with fewer grounded answers the spread is wider; calibrate again when they change.")
     return 0
 
 
@@ -336,6 +402,21 @@ def cmd_bench(args) -> int:
         run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
                         device=args.device, dtype=args.dtype, batch_size=args.batch_size)
         return 0
+    if args.what == "invariance":
+        from halwatch.eval.invariance import run_invariance
+
+        run_invariance(detector=(args.detectors or ["default"])[0], dataset=(args.datasets or ["ragtruth:all"])[0],
+                       split=args.eval_split, n=args.answers, out=args.out_file,
+                       scorer_options={"device": args.device, "dtype": args.dtype})
+        return 0
+    if args.what == "calibration":
+        from halwatch.eval.calibration_check import run_calibration_check
+
+        run_calibration_check(detector=(args.detectors or ["default"])[0],
+                              datasets=args.datasets or ["squad-shapes"], split=args.eval_split,
+                              target_fpr=args.target_fpr, seeds=args.seeds, out=args.out_file,
+                              scorer_options={"device": args.device, "dtype": args.dtype})
+        return 0
     if args.what == "relevance":
         from halwatch.eval.speed import run_relevance_speed
 
@@ -355,7 +436,8 @@ def cmd_bench(args) -> int:
         scorer.remote = lambda samples, request: ray_signals(scorer, samples, request, **options)
     run_bench(scorer, args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
               probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
-              map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]))
+              map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]),
+              eval_split=args.eval_split)
     return 0
 
 
@@ -411,13 +493,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("score", help="score responses: probability of hallucination, verdict and flagged spans",
                        description="Score a JSONL file (--input/--output) or one answer (--response with --prompt "
                                    "or --context and --question); one output object per response.")
-    p.add_argument("--input", help="generic JSONL file (fields: id, prompt | context + question, response)")
+    p.add_argument("--input", help="generic JSONL file (fields: id, prompt | context [+ question] [+ task], "
+                                   "response)")
     p.add_argument("--output", help="where to write the results (JSONL; - for standard output)")
     p.add_argument("--detector", default="default",
                    help="shipped artifact name or artifact file (default: the shipped 'default')")
     _add_question_options(p)
     p.add_argument("--response", help="the answer to score")
     p.add_argument("--id", default="1", help="id of the single answer (default 1)")
+    _add_task_option(p)
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)
     _add_ray_options(p, "score")
@@ -425,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="fit a detector on labelled JSONL data and save its artifact")
     p.add_argument("--detector", required=True, help="method name (toha, lookback-lens, perplexity, ...)")
-    p.add_argument("--input", required=True, help="labelled generic JSONL (label 1 = hallucinated)")
+    _add_labelled_options(p)
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
@@ -436,6 +520,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("calibrate", help="set a fitted detector's probabilities and threshold on your own labelled "
+                                         "answers",
+                       description="Score 50-500 labelled answers of your own with a fitted detector and write a copy "
+                                   "of it whose probabilities are calibrated on them (Platt scaling; they then "
+                                   "assume your share of hallucinated answers) and whose threshold holds the "
+                                   "false-positive rate you ask for (split-conformal; without --target-fpr, the "
+                                   "best F1 on your answers). `halwatch score --detector` and `halwatch serve "
+                                   "--detector` load the result.")
+    p.add_argument("--detector", default="default", help="shipped artifact name or artifact file (default: default)")
+    _add_labelled_options(p)
+    p.add_argument("--output", required=True, help="artifact file to write (JSON)")
+    p.add_argument("--target-fpr", type=float, metavar="A",
+                   help="the share of grounded answers you accept to see flagged, e.g. 0.1")
+    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
+    _add_scorer_options(p, defaults_from_artifact=True)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("data", help="export datasets to the generic JSONL format")
     dsub = p.add_subparsers(dest="data_cmd", required=True, metavar="DATASET")
@@ -493,15 +595,23 @@ def build_parser() -> argparse.ArgumentParser:
                                    "relevance pass against one forward + backward pass and reports conservation; "
                                    "`halwatch bench serve` measures the HTTP service's throughput and latency "
                                    "under concurrent clients (the first of --detectors, default 'default').")
-    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance", "serve"], default="run",
-                   help="run (default), speed, relevance or serve")
+    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance", "serve", "invariance", "calibration"],
+                   default="run", help="run (default), speed, relevance, serve, invariance (the same RAGTruth "
+                                       "answers through several templates: how far the first detector's scores "
+                                       "move) or calibration (does `halwatch calibrate --target-fpr` hold the "
+                                       "rate on held-out halves of each dataset?)")
     p.add_argument("--protocol", nargs="+", choices=PROTOCOLS, help="one or more protocols")
     p.add_argument("--detectors", nargs="+",
                    help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
                         "settings, e.g. lrp4rag:classifier=mlp")
     p.add_argument("--datasets", nargs="+",
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
-                        "ragtruth:G1+G2 (pooled), ragtruth:all, or a labelled JSONL file")
+                        "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
+                        "QA template), squad-shapes, faithbench, xsum-hallucination, summedits, bump, diasumfact, "
+                        "begin, faithdial, rotowire, a labelled JSONL file, or several joined by commas (pooled)")
+    p.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                   help="shape-transfer, invariance, calibration: the split scored (default dev; test once per "
+                        "published table)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
     p.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
                                                   "ragtruth-official and kfold, 100 for random-splits)")
@@ -519,7 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the first protocol on the first dataset for each value of a detector setting "
                         "(e.g. length=100,220,300 for LRP4RAG's resampling length, Table 3); table in sweep-KEY.md")
     p.add_argument("--prompt-tokens", type=int, default=512, help="relevance: prompt length (default 512)")
-    p.add_argument("--answers", type=int, default=100, help="serve: RAGTruth test answers sent (default 100)")
+    p.add_argument("--answers", type=int, default=100, help="serve: RAGTruth test answers sent; invariance: answers "
+                                                            "rendered (default 100)")
+    p.add_argument("--target-fpr", type=float, default=0.1, help="calibration: the rate asked for (default 0.1)")
+    p.add_argument("--out-file", help="invariance, calibration: also write the figures to this JSON file")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
                    help="serve: concurrent clients per level (default 1 8 50)")
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")

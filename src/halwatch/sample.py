@@ -1,13 +1,15 @@
 """The unit of work: one prompt and one response, with optional label and gold spans.
 
-A sample is built either from a ready ``prompt`` or from ``context`` + ``question`` rendered by
-:data:`QA_TEMPLATE`. The character range of the context inside the prompt is kept (``context_span``) so that a prompt
-that is too long for the scoring model can be cut inside the context (from its left end) while the instructions and
-the question stay intact.
+A sample is built either from a ready ``prompt`` or from a ``context`` (with a ``question`` where the task has one)
+rendered by the template of its ``task`` (:data:`TEMPLATES`): question answering, summarisation, a dialogue reply or
+a report written from data. The character range of the context inside the prompt is kept (``context_span``) so that
+a prompt that is too long for the scoring model can be cut inside the context (from its left end) while the
+instructions and the question stay intact.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,66 @@ QA_TEMPLATE = (
     "Answer:"
 )
 
+#: Templates of the other tasks, in the style of :data:`QA_TEMPLATE` (instruction, context, then the question where
+#: there is one, then a one-word answer cue). halwatch's own, so that an answer with no question is scored as it is.
+SUMMARY_TEMPLATE = (
+    "Summarize the following text. Note that your summary should be strictly based on the given text.\n"
+    "Text: {context}\n"
+    "Summary:"
+)
+QUERY_SUMMARY_TEMPLATE = (
+    "Summarize the following text to answer the query. Note that your summary should be strictly based on the "
+    "given text.\n"
+    "Text: {context}\n"
+    "Query: {question}\n"
+    "Summary:"
+)
+DIALOGUE_TEMPLATE = (
+    "Reply to the last turn of the conversation. Note that your reply should be strictly based on the given "
+    "knowledge.\n"
+    "Knowledge: {context}\n"
+    "Last turn: {question}\n"
+    "Reply:"
+)
+OPEN_DIALOGUE_TEMPLATE = (
+    "Say something about the given knowledge. Note that what you say should be strictly based on it.\n"
+    "Knowledge: {context}\n"
+    "Reply:"
+)
+DATA2TEXT_TEMPLATE = (
+    "Write a report of the following data. Note that your report should be strictly based on the given data.\n"
+    "Data: {context}\n"
+    "Report:"
+)
+
+#: ``task -> (template with a question, template without one)``; ``None``: the task needs that part.
+TEMPLATES = {
+    "qa": (QA_TEMPLATE, None),
+    "summary": (QUERY_SUMMARY_TEMPLATE, SUMMARY_TEMPLATE),
+    "dialogue": (DIALOGUE_TEMPLATE, OPEN_DIALOGUE_TEMPLATE),
+    "data2text": (None, DATA2TEXT_TEMPLATE),
+}
+TASKS = tuple(TEMPLATES)
+
+
+def default_task(question: str | None) -> str:
+    """The task of a record that names none: question answering with a question, else a summary."""
+    return "qa" if question else "summary"
+
+
+def render(task: str, context: str, question: str | None = None) -> tuple[str, tuple[int, int]]:
+    """``(prompt, context_span)``: ``context`` and ``question`` in the template of ``task``."""
+    if task not in TEMPLATES:
+        raise InputError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    with_question, without = TEMPLATES[task]
+    template = with_question if question else without
+    if template is None:
+        raise InputError(f"task {task!r} needs a question" if question is None or not question
+                         else f"task {task!r} takes no question")
+    head, _, tail = template.partition("{context}")
+    prompt = head + context + (tail.format(question=question) if question else tail)
+    return prompt, (len(head), len(head) + len(context))
+
 
 @dataclass
 class Sample:
@@ -31,7 +93,9 @@ class Sample:
 
     ``label`` is 1 for a hallucinated response and 0 for a grounded one (``None``: unknown). ``spans`` are gold
     hallucinated spans as dicts with ``start``/``end`` character offsets into ``response`` (``end`` exclusive).
-    ``context_span`` is the ``(start, end)`` character range of the retrieved context inside ``prompt``.
+    ``context_span`` is the ``(start, end)`` character range of the retrieved context inside ``prompt``. ``task``
+    (:data:`TASKS`) picks the template a ``context`` is rendered with when no ``prompt`` is given; by default
+    question answering when there is a question, else a summary.
     """
 
     response: str
@@ -43,18 +107,41 @@ class Sample:
     spans: list[dict[str, Any]] = field(default_factory=list)
     context_span: tuple[int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
 
     def __post_init__(self):
-        if not self.prompt and self.context is not None and self.question is not None:
-            head, _, tail = QA_TEMPLATE.partition("{context}")
-            self.prompt = head + self.context + tail.format(question=self.question)
-            self.context_span = (len(head), len(head) + len(self.context))
+        if self.task is not None and self.task not in TEMPLATES:
+            raise InputError(f"unknown task {self.task!r}: choose one of {', '.join(TASKS)}", self.where)
+        if not self.prompt and isinstance(self.context, str) and self.context.strip():
+            if self.question is not None and not isinstance(self.question, str):
+                raise InputError("field 'question' must be a string", self.where)
+            try:
+                self.prompt, self.context_span = render(self.task or default_task(self.question), self.context,
+                                                        self.question or None)
+            except InputError as exc:
+                raise InputError(exc.problem, self.where) from None
         elif self.context_span is None and self.context and self.context in self.prompt:
             start = self.prompt.index(self.context)
             self.context_span = (start, start + len(self.context))
         if self.id is not None:
             self.id = str(self.id)
         self.validate()
+
+    @property
+    def source(self) -> str:
+        """The source document this answer was written from, so that folds and splits keep the answers to one
+        source together: ``meta`` ``source_id`` (RAGTruth, the shared sets), else ``title`` (SQuAD), else a hash of
+        the context (of the prompt where no context is marked)."""
+        for key in ("source_id", "title"):
+            if self.meta.get(key) is not None:
+                return f"{key}:{self.meta[key]}"
+        if self.context is not None:
+            text = self.context
+        elif self.context_span is not None:
+            text = self.prompt[self.context_span[0]:self.context_span[1]]
+        else:
+            text = self.prompt
+        return "text:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     @property
     def where(self) -> str | None:
@@ -67,7 +154,7 @@ class Sample:
         if not self.response.strip():
             raise InputError("empty response", self.where)
         if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise InputError("empty prompt (give 'prompt', or 'context' and 'question')", self.where)
+            raise InputError("empty prompt (give 'prompt', or a non-empty 'context')", self.where)
         if self.label not in (None, 0, 1):
             raise InputError(f"label must be 0, 1 or null, got {self.label!r}", self.where)
         for span in self.spans:
@@ -83,11 +170,24 @@ class Sample:
             if not 0 <= start <= end <= len(self.prompt):
                 raise InputError(f"context_span {self.context_span} is outside the prompt", self.where)
 
+    def _own_prompt(self) -> bool:
+        """Whether the prompt was given rather than rendered from the context."""
+        try:
+            return render(self.task or default_task(self.question), self.context, self.question or None)[0] != \
+                self.prompt
+        except InputError:
+            return True
+
     def to_dict(self) -> dict[str, Any]:
         """The generic JSONL form (see :mod:`halwatch.data.jsonl`)."""
         out: dict[str, Any] = {"id": self.id}
-        if self.context is not None and self.question is not None:
-            out.update(context=self.context, question=self.question)
+        if self.context is not None and self.context_span is not None and \
+                self.prompt[self.context_span[0]:self.context_span[1]] == self.context and not self._own_prompt():
+            out["context"] = self.context
+            if self.question:
+                out["question"] = self.question
+            if self.task:
+                out["task"] = self.task
         else:
             out["prompt"] = self.prompt
             if self.context_span is not None:

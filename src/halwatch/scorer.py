@@ -7,7 +7,7 @@ from pathlib import Path
 
 from halwatch.cache import SignalCache, signal_key
 from halwatch.models import forward, registry
-from halwatch.models.forward import SignalRequest, Signals
+from halwatch.models.forward import SignalRequest, Signals, attach_support
 from halwatch.models.loader import ScoringModel, load_model
 from halwatch.progress import progress as progress_bar
 from halwatch.sample import Sample
@@ -168,4 +168,7 @@ class Scorer:
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
                     keep(i, sig)
                 bar.update(len(batch))
+        if request.support:
+            for view, sig in zip(views, results):
+                attach_support(view, sig)
         return results

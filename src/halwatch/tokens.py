@@ -90,6 +90,13 @@ class TokenView:
                 run = []
         return spans
 
+    @property
+    def has_token_labels(self) -> bool:
+        """Whether :meth:`token_labels` says which tokens are hallucinated: a grounded answer's tokens are all
+        supported, and a hallucinated answer's are known only where it has gold spans (an answer labelled
+        hallucinated without spans must be left out of any token-level loss)."""
+        return self.sample.label != 1 or bool(self.sample.spans)
+
     def token_labels(self) -> np.ndarray:
         """1 for each response token that overlaps a gold span of the sample, else 0."""
         labels = np.zeros(self.n_response, dtype=np.int8)

@@ -1,7 +1,9 @@
 """The generic JSONL format that ``halwatch score`` and ``halwatch fit`` read, one JSON object per line:
 
-``id`` (optional; defaults to the line number), ``prompt`` or ``context`` + ``question`` (rendered with
-:data:`halwatch.sample.QA_TEMPLATE`), ``response``, and optionally ``label`` (1 = hallucinated, 0 = grounded),
+``id`` (optional; defaults to the line number), ``prompt``, or ``context`` with an optional ``question`` and
+``task`` (``qa``, ``summary``, ``dialogue``, ``data2text``: rendered with that task's template,
+:data:`halwatch.sample.TEMPLATES`; by default ``qa`` with a question and ``summary`` without), ``response``, and
+optionally ``label`` (1 = hallucinated, 0 = grounded),
 ``spans`` (``[{"start": int, "end": int, ...}]``, character offsets into ``response``), ``context_span``
 (``[start, end]`` of the context inside ``prompt``) and ``meta`` (any object). Other fields go into ``meta``.
 Files ending in ``.gz`` are read through gzip.
@@ -18,14 +20,15 @@ from pathlib import Path
 from halwatch.errors import InputError
 from halwatch.sample import Sample
 
-FIELDS = {"id", "prompt", "context", "question", "response", "label", "spans", "context_span", "meta"}
+FIELDS = {"id", "prompt", "context", "question", "task", "response", "label", "spans", "context_span", "meta"}
 
 
 #: Response of records read with ``prompts_only`` (answers still to be generated): a placeholder, never scored.
 NO_RESPONSE = "(to be generated)"
 
 
-def sample_from_record(record, where: str, prompts_only: bool = False) -> Sample:
+def sample_from_record(record, where: str, prompts_only: bool = False, task: str | None = None) -> Sample:
+    """One record as a sample; ``task`` applies where the record names none."""
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", where)
     rid = record.get("id")
@@ -35,12 +38,12 @@ def sample_from_record(record, where: str, prompts_only: bool = False) -> Sample
         record = {**record, "response": NO_RESPONSE}
     if "response" not in record:
         raise InputError("missing field 'response'", where)
-    has_qa = "context" in record and "question" in record
-    if "prompt" not in record and not has_qa:
-        raise InputError("missing field 'prompt' (or 'context' and 'question')", where)
-    for name in ("prompt", "context", "question", "response"):
-        if name in record and not isinstance(record[name], str):
+    for name in ("prompt", "context", "question", "response", "task"):
+        if record.get(name) is not None and not isinstance(record[name], str):
             raise InputError(f"field '{name}' must be a string", where)
+    from_context = record.get("context") is not None and not record.get("prompt")
+    if not record.get("prompt") and not record.get("context"):
+        raise InputError("missing field 'prompt' (or 'context', with 'question' where the task has one)", where)
     spans = record.get("spans") or []
     if not isinstance(spans, list) or not all(isinstance(s, dict) for s in spans):
         raise InputError("field 'spans' must be a list of objects with 'start' and 'end'", where)
@@ -54,9 +57,10 @@ def sample_from_record(record, where: str, prompts_only: bool = False) -> Sample
     try:
         return Sample(
             response=record["response"],
-            prompt=record.get("prompt", "") if not has_qa else "",
+            prompt="" if from_context else record.get("prompt", ""),
             context=record.get("context"),
             question=record.get("question"),
+            task=record.get("task") or task,
             id=rid,
             label=record.get("label"),
             spans=spans,
@@ -75,10 +79,12 @@ def sample_record(sample: Sample) -> dict:
     return record
 
 
-def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False) -> list[Sample]:
+def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False,
+               task: str | None = None) -> list[Sample]:
     """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
     ``skip_invalid`` is reported through ``on_skip(error)`` and skipped. ``prompts_only``: records need no
-    ``response`` (any is ignored; the samples carry :data:`NO_RESPONSE`), for generating answers."""
+    ``response`` (any is ignored; the samples carry :data:`NO_RESPONSE`), for generating answers. ``task``: the
+    task of records that name none."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -103,7 +109,7 @@ def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, promp
                 raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", where) from None
             if isinstance(record, dict) and record.get("id") is None:
                 record["id"] = str(lineno)
-            samples.append(sample_from_record(record, where, prompts_only))
+            samples.append(sample_from_record(record, where, prompts_only, task))
         except InputError as exc:
             if not skip_invalid:
                 raise

@@ -3,7 +3,10 @@
 Each response becomes a :class:`Sample` with the source's full ``prompt`` (the instruction that was sent to the
 generator), ``context_span`` on the passages inside it (so a long prompt is cut inside the passages and keeps the
 question), ``label`` 1 when the response has at least one annotated span, the annotated ``spans``, and ``meta``
-with ``model``, ``split``, ``quality``, ``source_id`` and ``temperature``.
+with ``model``, ``split`` (the official one), ``dev`` (whether the source belongs to the dev split carved from the
+official train split, :mod:`halwatch.data.splits`), ``quality``, ``source_id``, ``temperature`` and the source's
+``question`` (so that the same answer can be rendered through another template with the passages of
+``context_span``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 
 from halwatch.data import data_root
+from halwatch.data.splits import in_dev
 from halwatch.errors import InputError
 from halwatch.sample import Sample
 
@@ -66,7 +70,9 @@ def read_ragtruth(root: str | Path | None = None, generator=None, split=None, qu
                 label=int(bool(r["labels"])),
                 spans=[{"start": s["start"], "end": s["end"], "label_type": s["label_type"]} for s in r["labels"]],
                 context_span=(start, start + len(passages)) if start >= 0 else None,
-                meta={k: r[k] for k in ("model", "split", "quality", "source_id", "temperature")},
+                meta={**{k: r[k] for k in ("model", "split", "quality", "source_id", "temperature")},
+                      "dev": r["split"] == "train" and in_dev(f"ragtruth/{r['source_id']}"), "dataset": "ragtruth",
+                      "question": source["source_info"]["question"]},
             )
         )
     return samples

@@ -22,6 +22,8 @@ class SquadQuestion:
     question: str
     answers: list[str]
     is_impossible: bool
+    answer_starts: tuple[int, ...] = ()  # character offset of each gold answer in the context
+    plausible: tuple[tuple[str, int], ...] = ()  # an unanswerable question's plausible answers (text, offset)
 
     def sample(self, response: str, **kwargs) -> Sample:
         """A sample answering this question from its context (rendered with the QA template)."""
@@ -53,6 +55,9 @@ def read_squad(path: str | Path | None = None, titles=None) -> list[SquadQuestio
                 out.append(SquadQuestion(
                     id=str(qa["id"]), title=article["title"], context=para["context"], question=qa["question"],
                     answers=[a["text"] for a in qa.get("answers", [])], is_impossible=bool(qa.get("is_impossible")),
+                    answer_starts=tuple(int(a.get("answer_start", -1)) for a in qa.get("answers", [])),
+                    plausible=tuple((a["text"], int(a.get("answer_start", -1)))
+                                    for a in qa.get("plausible_answers", [])),
                 ))
     if wanted and not out:
         raise InputError(f"no article titled {sorted(wanted)}", str(path))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from halwatch.detectors import linear
 from halwatch.detectors.base import Detector
-from halwatch.detectors.calibration import best_f1_threshold, fit_logistic, logistic_logodds
+from halwatch.detectors.calibration import best_f1_threshold
 from halwatch.detectors.heads import select_heads
 from halwatch.models.forward import SignalRequest
 from halwatch.signals.lookback import window_means
@@ -67,7 +68,7 @@ class LookbackLens(Detector):
 
     def fit_method(self, signals, labels):
         self.feature_map = None  # fitted again on this model's own heads: no longer a mapped detector
-        self.model = fit_logistic(mean_lookback(signals, _all_heads(self)), labels, self.settings["C"])
+        self.model = linear.fit(mean_lookback(signals, _all_heads(self)), labels, C=self.settings["C"])
 
     def fold_copy(self):
         """A fold's copy uses the regularisation strengths chosen on the whole probe."""
@@ -77,7 +78,7 @@ class LookbackLens(Detector):
         return copy
 
     def raw_scores(self, signals):
-        return logistic_logodds(self.model, self._features(mean_lookback(signals, _all_heads(self))))
+        return linear.logodds(self.model, self._features(mean_lookback(signals, _all_heads(self))))
 
     def _windows(self, sig, stride=None):
         ratio = sig.head_values("lookback.ratio", _all_heads(self))
@@ -115,15 +116,17 @@ class LookbackLens(Detector):
 
     def window_data(self, signals, views, groups: bool = False):
         """Features ``[W, heads]`` and labels ``[W]`` of the sliding windows of every response: a window is
-        hallucinated (1) when one of its tokens overlaps a gold span. With ``groups``, also the index of the
-        response of each window."""
+        hallucinated (1) when one of its tokens overlaps a gold span; responses labelled hallucinated without gold
+        spans are left out. With ``groups``, also the source of the response of each window."""
         feats, labels, owner = [], [], []
-        for k, (sig, view) in enumerate(zip(signals, views)):
+        for sig, view in zip(signals, views):
+            if not view.has_token_labels:
+                continue
             starts, x = self._windows(sig)
             tokens = view.token_labels()
             feats.append(x)
             labels += [int(tokens[s:s + self.settings["window"]].any()) for s in starts]
-            owner += [k] * len(starts)
+            owner += [view.sample.source] * len(starts)
         out = (np.concatenate(feats), np.array(labels))
         return (*out, np.array(owner)) if groups else out
 
@@ -132,7 +135,7 @@ class LookbackLens(Detector):
         self.window_model = None
         if len(np.unique(y)) < 2:
             return
-        self.window_model = fit_logistic(x, y, self.window_C, groups=owner, folds=3)
+        self.window_model = linear.fit(x, y, C=self.window_C, groups=owner, folds=3)
 
     def fit_held_out(self, folds, signals, views):
         """The window threshold: best F1 over the windows of each fold, scored by the copy fitted without it."""
@@ -147,7 +150,7 @@ class LookbackLens(Detector):
         self.window_threshold = best_f1_threshold(np.concatenate(probs), np.concatenate(labels))
 
     def window_logodds(self, features) -> np.ndarray:
-        return logistic_logodds(self.window_model, features)
+        return linear.logodds(self.window_model, features)
 
     def window_probabilities(self, features) -> np.ndarray:
         from scipy.special import expit

@@ -7,11 +7,16 @@ probabilities and the decision threshold (best F1) on the probe data, and the to
 Nothing is hard-coded: an unfitted detector refuses to score.
 
 A supervised method (one whose ``fit_method`` learns from the labels: head selection, a classifier) is calibrated
-**out of fold**: the probe is split into stratified folds, a copy of the method is fitted on all folds but one and
-scores the one left out, and the calibration, the decision threshold and the token threshold are fitted on those
-held-out scores. Scores of a model on its own training data are overconfident (a 270-feature logistic regression
-separates 100 answers), and a calibration or threshold fitted on them is biased. The method itself is then fitted
-on the whole probe.
+**out of fold**: the probe is split into stratified folds that keep the answers to one source document together
+(:attr:`halwatch.sample.Sample.source`; answers of three generators to one RAGTruth source would otherwise sit on
+both sides), a copy of the method is fitted on all folds but one and scores the one left out, and the calibration,
+the decision threshold and the token threshold are fitted on those held-out scores. Scores of a model on its own
+training data are overconfident (a 270-feature logistic regression separates 100 answers), and a calibration or
+threshold fitted on them is biased. The method itself is then fitted on the whole probe.
+
+The decision threshold follows the ``decision`` rule (the best F1, or a false-positive rate to hold); the
+probabilities assume the probe's share of hallucinated answers unless a ``prior`` is given (the artifact states
+which). Every verdict carries how far the answer's inputs lie from the training answers (:meth:`Detector.ood`).
 
 Artifacts are small JSON files that record the detector, its settings and fitted state, the scoring model (name
 and weights hash), the input mode and the token cap, and what it was fitted on.
@@ -30,6 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
+from halwatch.detectors.linear import folds_of
 from halwatch.detectors.spans import PLAIN, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
@@ -38,16 +44,56 @@ from halwatch.signals import reducers
 from halwatch.tokens import TokenView
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
+#: Quantiles of the training answers' distances that an artifact keeps for :meth:`Detector.ood`.
+OOD_QUANTILES = (0.0, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0)
+#: An answer farther from the training data than all but this share of the training answers is ``extrapolated``.
+OOD_EXTRAPOLATED = 0.01
 log = logging.getLogger("halwatch")
 
 
-def fold_indices(labels, most: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``[(train, held)]`` of stratified, shuffled folds: as many as the smaller class allows, at most ``most``."""
-    from sklearn.model_selection import StratifiedKFold
+def cross_fit(folds, fit, predict, n: int) -> tuple[list, list]:
+    """halwatch's one out-of-fold path: for each ``(train, held)`` of ``folds``, ``model = fit(train)`` and the
+    held-out outputs ``predict(model, held)`` (one per index of ``held``). Returns the outputs in index order (``None``
+    where no fold held an index) and ``[(model, held)]``."""
+    out: list = [None] * n
+    models = []
+    for train, held in folds:
+        model = fit(train)
+        for i, value in zip(held, predict(model, held)):
+            out[i] = value
+        models.append((model, held))
+    return out, models
 
-    labels = np.asarray(labels, dtype=int)
-    k = max(2, min(most, int(np.bincount(labels).min())))
-    return list(StratifiedKFold(k, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels))
+
+def parse_decision(rule: str) -> float | None:
+    """``"f1"`` -> ``None``; ``"fpr=0.1"`` -> ``0.1`` (the false-positive rate the threshold holds on the probe);
+    ``"conformal fpr=0.1"`` (a threshold set by :meth:`Detector.recalibrate`) reads as ``fpr=0.1`` when refitted."""
+    if rule == "f1":
+        return None
+    key, _, value = str(rule).removeprefix("conformal ").partition("=")
+    try:
+        target = float(value)
+    except ValueError:
+        target = -1.0
+    if key != "fpr" or not 0 < target < 1:
+        raise ValueError(f"decision: 'f1' or 'fpr=A' with A in (0, 1), not {rule!r}")
+    return target
+
+
+def fpr_threshold(probs, labels, target: float) -> float:
+    """A threshold (predict 1 when ``prob >= t``) that flags as many grounded answers as a share ``target`` of
+    them allows and no more: midway between the lowest grounded score it flags and the highest it does not."""
+    grounded = np.sort(np.asarray(probs, dtype=float)[np.asarray(labels) == 0])[::-1]
+    k = int(np.floor(target * len(grounded)))  # this many grounded answers may be flagged
+    if k >= len(grounded):
+        return float(grounded[-1])
+    return float((grounded[k] + grounded[k - 1]) / 2) if k > 0 else float(np.nextafter(grounded[0], np.inf))
+
+
+def groups_of(views) -> np.ndarray | None:
+    """The source of each view's sample (:attr:`halwatch.sample.Sample.source`), for folds that keep a source
+    together; ``None`` without views."""
+    return None if views is None else np.array([v.sample.source for v in views])
 
 
 class Detector:
@@ -61,8 +107,13 @@ class Detector:
     #: Folds of the out-of-fold calibration of a supervised method.
     calibration_folds: ClassVar[int] = 5
 
-    def __init__(self, scorer=None, calibration: str = "platt", **settings):
+    def __init__(self, scorer=None, calibration: str = "platt", decision: str = "f1", prior: float | None = None,
+                 **settings):
         self.scorer = scorer
+        parse_decision(decision)
+        if prior is not None and not 0 < float(prior) < 1:
+            raise ValueError(f"prior: the share of hallucinated answers must be in (0, 1), not {prior}")
+        self.decision_rule, self.prior = decision, None if prior is None else float(prior)
         self.settings = settings
         self.calibrator = Calibrator(calibration)
         self.threshold: float | None = None
@@ -70,6 +121,7 @@ class Detector:
         self.span_rule: dict = dict(PLAIN)  # how token scores become spans (detectors.spans)
         self.identity: dict = {}
         self.fitted_on: dict = {}
+        self.ood_reference: dict | None = None  # see ood()
 
     @classmethod
     def setting_names(cls) -> set[str]:
@@ -117,11 +169,16 @@ class Detector:
     def fold_copy(self) -> "Detector":
         """An unfitted copy for one fold of the out-of-fold calibration: the same settings, with any
         hyper-parameter that the fit on the whole probe chose (e.g. a regularisation strength) fixed."""
-        return type(self)(scorer=self.scorer, calibration=self.calibrator.method, **self.settings)
+        return type(self)(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
+                          prior=self.prior, **self.settings)
 
     def decision_threshold(self, probs: np.ndarray, labels: np.ndarray) -> float:
-        """The decision threshold on calibrated probabilities: by default the best F1 on the probe data."""
-        return best_f1_threshold(probs, labels)
+        """The decision threshold on calibrated probabilities under the ``decision`` rule: ``f1``, the best F1 on
+        the probe data; ``fpr=A``, the lowest threshold at which at most a share ``A`` of the probe's grounded
+        answers is flagged (:func:`fpr_threshold`). Both depend on the order of the scores alone, so the prior the
+        probabilities assume does not move the verdicts."""
+        target = parse_decision(self.decision_rule)
+        return best_f1_threshold(probs, labels) if target is None else fpr_threshold(probs, labels, target)
 
     def state(self) -> dict:
         return {}
@@ -141,56 +198,106 @@ class Detector:
     def _signals(self, samples, progress=False, views=None):
         return self._scorer().signals(samples, self.request(), progress=progress, views=views)
 
-    def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None) -> "Detector":
-        """Fit on precomputed signals (the benchmark harness feeds many detectors from one pass this way)."""
+    def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
+                    groups=None) -> "Detector":
+        """Fit on precomputed signals (the benchmark harness feeds many detectors from one pass this way).
+        ``groups``: the source of each answer, so that no fold parts one source's answers (default: the sources of
+        the ``views``' samples)."""
         labels = np.asarray(labels, dtype=int)
         if len(labels) != len(signals):
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
         if len(np.unique(labels)) < 2:
             raise InputError("the probe data needs both hallucinated (1) and grounded (0) samples")
+        groups = np.asarray(groups) if groups is not None else groups_of(views)
         if views is not None and not any(v.sample.spans for v in views):
             views = None  # no gold spans: nothing span-level to fit
-        self.fit_parts(signals, labels, views)
+        self.fit_parts(signals, labels, views, groups)
         if self.supervised:
-            raw, tokens = self.held_out_scores(signals, labels, views)
+            raw, tokens = self.held_out_scores(signals, labels, views, groups)
         else:
             raw, tokens = self.raw_scores(signals), self.token_scores(signals)
-        self.calibrator.fit(raw, labels, oriented=self.supervised)
+        self.calibrator.fit(raw, labels, oriented=self.supervised, prior=self.prior)
         probs = self.calibrator.transform(raw)
         self.threshold = self.decision_threshold(probs, labels)
+        self.fit_ood(self.ood_inputs_held_out(signals, raw))
         span_fit = None
         if tokens is not None:
             self.token_threshold, self.span_rule, span_fit = self._fit_token_rule(tokens, probs, labels, views)
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
-                          "calibration": "out-of-fold" if self.supervised else "in-sample (unsupervised score)"}
+                          "n_sources": int(len(np.unique(groups))) if groups is not None else None,
+                          "calibration": "out-of-fold, folds by source" if self.supervised and groups is not None
+                          else "out-of-fold" if self.supervised else "in-sample (unsupervised score)",
+                          "decision": self.decision_rule, "prior": self.calibrator.params.get("prior")}
         if span_fit:
             self.fitted_on["span_fit"] = span_fit
         if self.scorer is not None:
             self.identity = {**self.scorer.identity(), "signal_versions": reducers.versions(self.request().reducers)}
         return self
 
-    def fit_parts(self, signals: list[Signals], labels: np.ndarray, views: list[TokenView] | None) -> None:
+    def fit_parts(self, signals: list[Signals], labels: np.ndarray, views: list[TokenView] | None,
+                  groups=None) -> None:
         """The method's own fitting: :meth:`fit_method`, then :meth:`fit_spans` where there are gold spans."""
         self.fit_method(signals, labels)
         if views is not None:
             self.fit_spans(signals, views)
 
-    def held_out_scores(self, signals, labels, views) -> tuple[np.ndarray, list | None]:
+    def held_out_scores(self, signals, labels, views, groups=None) -> tuple[np.ndarray, list | None]:
         """Raw and token scores of the probe, each from a copy of the method fitted without it: stratified folds
-        (as many as the smaller class allows, at most :attr:`calibration_folds`), shuffled with a fixed seed."""
-        raw, tokens = np.empty(len(labels)), [None] * len(labels)
-        folds = []
-        for train, held in fold_indices(labels, self.calibration_folds):
+        by source (as many as the smaller class allows, at most :attr:`calibration_folds`), shuffled with a fixed
+        seed, through :func:`cross_fit`."""
+        def fit(train):
             copy = self.fold_copy()
             copy.fit_parts([signals[i] for i in train], labels[train],
-                           None if views is None else [views[i] for i in train])
-            folds.append((copy, held))
+                           None if views is None else [views[i] for i in train],
+                           None if groups is None else groups[train])
+            return copy
+
+        def predict(copy, held):
             held_signals = [signals[i] for i in held]
-            raw[held] = copy.raw_scores(held_signals)
-            for i, t in zip(held, copy.token_scores(held_signals) or [None] * len(held)):
-                tokens[i] = t
+            tokens = copy.token_scores(held_signals) or [None] * len(held)
+            return list(zip(copy.raw_scores(held_signals), tokens))
+
+        out, folds = cross_fit(folds_of(labels, self.calibration_folds, groups), fit, predict, len(labels))
         self.fit_held_out(folds, signals, views)
+        raw = np.array([r for r, _ in out], dtype=float)
+        tokens = [t for _, t in out]
         return raw, None if any(t is None for t in tokens) else tokens
+
+    # ---- how far an input lies from the training data ----------------------------------------------------------
+    def ood_inputs(self, signals: list[Signals]) -> np.ndarray:
+        """``[n, k]``: the inputs whose distance from the training data :meth:`ood` reports; by default the raw
+        score (a method with several inputs to its last step reports those)."""
+        return np.asarray(self.raw_scores(signals), dtype=float)[:, None]
+
+    def ood_inputs_held_out(self, signals, raw) -> np.ndarray:
+        """The training answers' own :meth:`ood_inputs`, held out where the method has held-out values."""
+        return np.asarray(raw, dtype=float)[:, None]
+
+    def fit_ood(self, inputs: np.ndarray) -> None:
+        """The reference of :meth:`ood`: the mean and deviation of each input over the training answers and
+        quantiles of their distances."""
+        inputs = np.asarray(inputs, dtype=float)
+        mean, std = inputs.mean(0), inputs.std(0) + 1e-9
+        distances = np.sqrt((((inputs - mean) / std) ** 2).mean(1))
+        self.ood_reference = {"mean": mean.tolist(), "std": std.tolist(),
+                              "distances": np.quantile(distances, OOD_QUANTILES).round(6).tolist()}
+
+    def ood(self, signals: list[Signals]) -> list[dict] | None:
+        """Per answer: ``distance`` (root mean square of the z-scores of :meth:`ood_inputs` against the training
+        answers), ``percentile`` (the share of training answers that lie nearer, from stored quantiles) and
+        ``extrapolated`` (farther than all but :data:`OOD_EXTRAPOLATED` of the training answers). ``None`` for a
+        detector fitted before this was recorded."""
+        return self.ood_from_inputs(self.ood_inputs(signals)) if self.ood_reference else None
+
+    def ood_from_inputs(self, inputs: np.ndarray) -> list[dict]:
+        """:meth:`ood` of given :meth:`ood_inputs` rows."""
+        ref = self.ood_reference
+        z = (np.asarray(inputs, dtype=float) - np.array(ref["mean"])) / np.array(ref["std"])
+        distances = np.sqrt((z ** 2).mean(1))
+        cut = np.interp(1 - OOD_EXTRAPOLATED, OOD_QUANTILES, ref["distances"])
+        return [{"distance": round(float(d), 3),
+                 "percentile": round(float(np.interp(d, ref["distances"], OOD_QUANTILES)), 3),
+                 "extrapolated": bool(d > cut)} for d in distances]
 
     def _fit_token_rule(self, tokens, probs, labels, views) -> tuple[float, dict, dict | None]:
         """``(token threshold, span rule, probe span figures)``. Where the probe data has gold spans, the rule with
@@ -198,7 +305,8 @@ class Detector:
         (:mod:`halwatch.detectors.spans`); otherwise the plain rule at the 95th percentile of token scores in grounded
         probe responses (a token is flagged when it is rarer than that in grounded answers), and no figures."""
         if views is not None:  # fit_signals keeps views only when the probe has gold spans
-            return fit_span_rule(tokens, views, probs, self.threshold)
+            keep = [i for i, v in enumerate(views) if v.has_token_labels]  # not answers flagged without spans
+            return fit_span_rule([tokens[i] for i in keep], [views[i] for i in keep], probs[keep], self.threshold)
         grounded = [t for t, label in zip(tokens, labels) if label == 0]
         return float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN), None
 
@@ -212,6 +320,34 @@ class Detector:
         views = [self._scorer().encode(s) for s in samples]
         signals = self._scorer().signals(samples, self.fit_request(), progress=progress, views=views)
         return self.fit_signals(signals, labels, views)
+
+    def recalibrate(self, signals: list[Signals], labels, target_fpr: float | None = None,
+                    describe: str = "") -> dict:
+        """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the
+        method itself is kept): Platt scaling on the raw scores of these answers (their share of hallucinated
+        answers is the prior the probabilities then assume) and, with ``target_fpr``, the split-conformal threshold
+        that holds that false-positive rate on answers like these (:func:`conformal_threshold`), else the best F1
+        on them. Returns what was reached on these answers and the guarantee's terms."""
+        from halwatch.detectors.calibration import conformal_threshold
+
+        self._require_fitted()
+        labels = np.asarray(labels, dtype=int)
+        raw = np.asarray(self.raw_scores(signals), dtype=float)
+        calibrator = Calibrator(self.calibrator.method).fit(raw, labels, oriented=self.supervised)
+        probs = calibrator.transform(raw)
+        report: dict = {"n": int(len(labels)), "n_hallucinated": int(labels.sum())}
+        if target_fpr is None:
+            threshold = best_f1_threshold(probs, labels)
+        else:
+            threshold, guarantee = conformal_threshold(probs[labels == 0], target_fpr)
+            report |= {"target_fpr": target_fpr, **guarantee}
+        self.calibrator, self.threshold = calibrator, threshold
+        self.decision_rule = "f1" if target_fpr is None else f"conformal fpr={target_fpr}"
+        flagged = probs >= threshold
+        report |= {"threshold": threshold, "fpr": float(flagged[labels == 0].mean()),
+                   "tpr": float(flagged[labels == 1].mean()) if labels.any() else None}
+        self.fitted_on = {**self.fitted_on, "recalibrated": {**report, "data": describe}}
+        return report
 
     def _require_fitted(self):
         if self.threshold is None:
@@ -254,11 +390,13 @@ class Detector:
         scoring model and input mode, and ``truncated``: how many context tokens were cut to fit the token cap
         (the response is never cut)."""
         probs = self.score_signals(signals)
+        ood = self.ood(signals) or [None] * len(views)
         return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
                  "threshold": round(float(self.threshold), 4), "spans": self.spans_from(view, sig, float(p)),
                  "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
-                 "input_mode": view.input_mode, "truncated": view.cut_tokens}
-                for view, sig, p in zip(views, signals, probs)]
+                 "input_mode": view.input_mode, "truncated": view.cut_tokens,
+                 **({"ood": far} if far is not None else {})}
+                for view, sig, p, far in zip(views, signals, probs, ood)]
 
     def spans(self, sample: Sample) -> list[dict]:
         """Character spans of ``sample.response`` that the detector flags: ``[{start, end, text, confidence}]``."""
@@ -274,11 +412,14 @@ class Detector:
             "citation": self.citation,
             **self.identity,
             "settings": self.settings,
+            "decision": self.decision_rule,
+            "prior": self.prior,
             "calibration": self.calibrator.to_dict(),
             "threshold": self.threshold,
             "token_threshold": self.token_threshold,
             "span_rule": self.span_rule,
             "state": self.state(),
+            "ood_reference": self.ood_reference,
             "fitted_on": self.fitted_on,
         }
 
@@ -293,7 +434,9 @@ class Detector:
 
     @classmethod
     def from_dict(cls, d: dict, scorer=None) -> "Detector":
-        det = cls(scorer=scorer, calibration=d["calibration"]["method"], **d.get("settings", {}))
+        det = cls(scorer=scorer, calibration=d["calibration"]["method"], decision=d.get("decision", "f1"),
+                  prior=d.get("prior"), **d.get("settings", {}))
+        det.ood_reference = d.get("ood_reference")
         det.calibrator = Calibrator.from_dict(d["calibration"])
         det.threshold = d["threshold"]
         det.token_threshold = d.get("token_threshold")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from halwatch.detectors import linear
 from halwatch.detectors.base import Detector
-from halwatch.detectors.calibration import fit_logistic, logistic_logodds
 from halwatch.models.forward import SignalRequest
 
 TOKEN_STATS = SignalRequest(token_stats=True)
@@ -99,7 +99,7 @@ class LinearProbe(Detector):
         return np.stack([s.hidden[s.hidden_layers.index(layer), 0] for s in signals]).astype(float)
 
     def fit_method(self, signals, labels):
-        self.model = fit_logistic(self._features(signals), labels, self.settings["C"])
+        self.model = linear.fit(self._features(signals), labels, C=self.settings["C"])
 
     def fold_copy(self):
         copy = super().fold_copy()
@@ -107,7 +107,7 @@ class LinearProbe(Detector):
         return copy
 
     def raw_scores(self, signals):
-        return logistic_logodds(self.model, self._features(signals))
+        return linear.logodds(self.model, self._features(signals))
 
     def state(self):
         return {"model": self.model}

@@ -28,7 +28,10 @@ class Calibrator:
         self.method = method
         self.params: dict = {}
 
-    def fit(self, raw, labels, oriented: bool = False) -> "Calibrator":
+    def fit(self, raw, labels, oriented: bool = False, prior: float | None = None) -> "Calibrator":
+        """Fit on (held-out) raw scores and labels. The probabilities assume the probe's share of hallucinated
+        answers (``rate``), or ``prior`` where given: the log-odds then move by ``logit(prior) - logit(rate)``
+        (a change of class prior; the order of the answers and so every verdict stay the same). Both are kept."""
         raw = np.asarray(raw, dtype=float)
         labels = np.asarray(labels, dtype=int)
         if len(np.unique(labels)) < 2:
@@ -36,16 +39,12 @@ class Calibrator:
         n_pos, n_neg = int(labels.sum()), int((1 - labels).sum())
         bounds = {"p_min": 1.0 / (n_neg + 2), "p_max": (n_pos + 1.0) / (n_pos + 2)}
         if self.method == "platt":
-            from sklearn.linear_model import LogisticRegression
+            from halwatch.detectors import linear
 
-            mean, std = float(raw.mean()), float(raw.std()) or 1.0
-            z = ((raw - mean) / std)[:, None]
             target = np.where(labels == 1, bounds["p_max"], bounds["p_min"])
-            # soft targets as two weighted copies of every answer: label 1 with weight t, label 0 with 1 - t
-            lr = LogisticRegression(C=1e4, max_iter=1000).fit(
-                np.vstack([z, z]), np.r_[np.ones(len(z)), np.zeros(len(z))], sample_weight=np.r_[target, 1 - target])
-            self.params = {"mean": mean, "std": std, "coef": float(lr.coef_[0, 0]),
-                           "intercept": float(lr.intercept_[0]), **bounds}
+            model = linear.fit(raw[:, None], target, C=1e4)  # Platt's soft targets, almost no penalty
+            self.params = {"mean": float(linear.unpack(model["mean"])[0]), "std": float(linear.unpack(model["std"])[0]),
+                           "coef": float(linear.coefficients(model)[0]), "intercept": model["intercept"], **bounds}
             if self.params["coef"] < 0 and oriented:
                 logging.getLogger("halwatch").warning(
                     "the detector's held-out scores on the probe data run against the labels (Platt slope %.3f): it "
@@ -62,6 +61,9 @@ class Calibrator:
             iso = IsotonicRegression(out_of_bounds="clip", y_min=bounds["p_min"], y_max=bounds["p_max"])
             iso.fit(raw, labels)
             self.params = {"x": iso.X_thresholds_.tolist(), "y": iso.y_thresholds_.tolist(), **bounds}
+        rate = float(labels.mean())
+        self.params |= {"rate": rate, "prior": rate if prior is None else float(prior),
+                        "shift": 0.0 if prior is None else float(_logit(prior) - _logit(rate))}
         return self
 
     def transform(self, raw) -> np.ndarray:
@@ -70,12 +72,14 @@ class Calibrator:
         if not self.params:
             raise RuntimeError("calibrator is not fitted")
         p = self.params
-        if self.method == "platt":
-            from scipy.special import expit
+        from scipy.special import expit
 
-            probs = expit(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"])
+        if self.method == "platt":
+            probs = expit(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"] + p.get("shift", 0.0))
         else:
             probs = np.interp(raw, p["x"], p["y"])
+            if p.get("shift"):
+                probs = expit(_logit(probs) + p["shift"])
         return np.clip(probs, p.get("p_min", 0.0), p.get("p_max", 1.0))
 
     def ranking(self, raw) -> np.ndarray:
@@ -97,6 +101,11 @@ class Calibrator:
         return c
 
 
+def _logit(p):
+    p = np.clip(np.asarray(p, dtype=float), 1e-12, 1 - 1e-12)
+    return np.log(p / (1 - p))
+
+
 def best_f1_threshold(scores, labels) -> float:
     """The threshold ``t`` (predict 1 when ``score >= t``) with the highest F1 on the given data.
 
@@ -115,39 +124,23 @@ def best_f1_threshold(scores, labels) -> float:
     return float((s[k] + s[k + 1]) / 2) if k + 1 < len(s) else float(s[k])
 
 
-#: The regularisation strengths that ``C="cv"`` chooses from.
-C_GRID = tuple(float(c) for c in np.logspace(-4, 2, 7))
+def conformal_threshold(grounded_scores, alpha: float) -> tuple[float, dict]:
+    """Split-conformal decision threshold (Vovk et al.; Angelopoulos & Bates, "A Gentle Introduction to Conformal
+    Prediction", section 1): with ``n`` scores of grounded answers, the threshold just above their
+    ``k = ceil((n + 1)(1 - alpha))``-th smallest flags a new grounded answer exchangeable with them with probability
+    at most ``alpha`` (flag when ``score >= threshold``). Returns the threshold and the guarantee's terms: ``n``,
+    ``k``, ``bound`` (the exact marginal rate ``(n + 1 - k) / (n + 1)``) and ``fpr_90`` (the 90th percentile of the
+    rate conditional on this calibration set, which follows Beta(n + 1 - k, k)). Needs ``n >= 1/alpha - 1``."""
+    from scipy.stats import beta
 
-
-def fit_logistic(x, labels, C: float | str = 1.0, groups=None, folds: int = 5, seed: int = 0) -> dict:
-    """A logistic regression (max_iter 1000) on standardised features, as a JSON-ready dict.
-
-    ``C="cv"`` chooses the inverse regularisation strength from :data:`C_GRID` by cross-validated log-loss on the
-    data itself (stratified ``folds``-fold; with ``groups``, e.g. the answer of each window, a group never spans two
-    folds); the chosen value is kept as ``C``."""
-    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
-    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
-
-    x = np.asarray(x, dtype=float)
-    labels = np.asarray(labels, dtype=int)
-    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-8
-    z = (x - mean) / std
-    if C == "cv":
-        k = max(2, min(folds, int(np.bincount(labels).min())))
-        if groups is None:
-            splits = list(StratifiedKFold(k, shuffle=True, random_state=seed).split(z, labels))
-        else:
-            splits = list(StratifiedGroupKFold(k, shuffle=True, random_state=seed).split(z, labels, groups))
-        lr = LogisticRegressionCV(Cs=list(C_GRID), cv=splits, scoring="neg_log_loss", max_iter=1000, l1_ratios=(0,),
-                                  use_legacy_attributes=False).fit(z, labels)
-        C = float(np.ravel(lr.C_)[0])
-    else:
-        lr = LogisticRegression(C=float(C), max_iter=1000).fit(z, labels)
-    return {"mean": mean.tolist(), "std": std.tolist(), "coef": lr.coef_[0].tolist(),
-            "intercept": float(lr.intercept_[0]), "C": float(C)}
-
-
-def logistic_logodds(model: dict, x) -> np.ndarray:
-    """Log-odds of :func:`fit_logistic`'s model on new features."""
-    z = (np.asarray(x, dtype=float) - np.array(model["mean"])) / np.array(model["std"])
-    return z @ np.array(model["coef"]) + model["intercept"]
+    scores = np.sort(np.asarray(grounded_scores, dtype=float))
+    n = len(scores)
+    if not 0 < alpha < 1:
+        raise InputError(f"the target false-positive rate must be in (0, 1), got {alpha}")
+    k = int(np.ceil((n + 1) * (1 - alpha)))
+    if k > n:
+        raise InputError(f"{n} grounded answers cannot hold a false-positive rate of {alpha}: at least "
+                         f"{int(np.ceil(1 / alpha - 1))} are needed")
+    threshold = float(np.nextafter(scores[k - 1], np.inf))
+    return threshold, {"n": n, "k": k, "bound": (n + 1 - k) / (n + 1),
+                       "fpr_90": float(beta.ppf(0.9, n + 1 - k, k))}

@@ -1,27 +1,35 @@
-"""The fused detector: every signal of the one white-box pass, the human span labels, and honest stacking.
+"""The fused detector: every signal of the one white-box pass, the lexical support of the answer by its context, the
+human span labels, and honest stacking.
 
 Answer level, one regularised logistic regression per family of signals (each a published method's feature):
 
 - ``lookback``: the time-mean lookback ratio of every head (Lookback Lens, section 2.1);
 - ``toha``: the normalised MTop-Div ``d`` of every head (TOHA, eq. 3), all heads rather than a selection;
 - ``diag``: the mean log attention of each response token on itself, per head (LLM-Check's attention score);
-- ``sink``: the mean attention on the first input token, per head (the attention sink);
 - ``hidden``: the mean hidden state of the middle and of the last layer over the response (the linear probe);
 - ``uncertainty``: surprisal and predictive-entropy statistics of the response tokens (perplexity, max and mean
-  entropy and their spread).
+  entropy and their spread);
+- ``support``: the lexical support of the response by its context (:mod:`halwatch.signals.support`: shares of
+  content words, bigrams and trigrams absent from the context, unsupported numbers and names).
+
+The attention-sink feature (the mean attention on the first input token) was dropped: it moved with the prompt's
+length and template rather than with support (about +2 logits per token on 100-token prompts and about 0 on RAGTruth's
+300-token ones), a shortcut that made every short answer over a short context look hallucinated.
 
 Token level (``tokens``): a logistic regression on every response token's features (the lookback ratio, MTop-Div
-edge weight, log self-attention and sink attention of every head, the middle layer's hidden state, surprisal and
-entropy), trained on the RAGTruth span labels (a token is hallucinated when it overlaps a human span). Its
-probabilities, smoothed over ``smooth`` neighbouring tokens, are the detector's token scores and give its spans; their
-maximum, top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a whole-
-answer mean dilutes them).
+edge weight and log self-attention of every head, the middle layer's hidden state, surprisal, entropy, the relative
+position and the token's lexical support flags), trained on the human span labels (a token is hallucinated when it
+overlaps a gold span; an answer labelled hallucinated without spans is left out of this loss). Its probabilities,
+smoothed over ``smooth`` neighbouring tokens, are the detector's token scores and give its spans; their maximum,
+top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a whole-answer
+mean dilutes them).
 
 The answer score is a stacked logistic regression over the families' log-odds, the pooled token scores and the log
 response length as an explicit feature (its coefficient is reported: the detector must beat length, not rediscover
-it). Stacking is out of fold: every family model and the token model are fitted on four fifths of the probe and
-score the fifth they did not see, the stacker is fitted on those held-out scores, and the calibration and the
-thresholds on the stacker's own held-out scores. Regularisation is chosen by cross-validation everywhere.
+it). Stacking is out of fold (:func:`halwatch.detectors.base.cross_fit`), with folds that keep the answers to one
+source together: every family model and the token model are fitted on four fifths of the probe and score the fifth
+they did not see, the stacker is fitted on those held-out scores, and the calibration and the thresholds on the
+stacker's own held-out scores. Regularisation is chosen by source-grouped cross-validation everywhere.
 
 Departures: this is halwatch's own combination, not a published method; each family is its paper's feature, but
 TOHA's heads are all kept (weighted by the regression) instead of Algorithm 1's top-N mean.
@@ -32,12 +40,15 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors import linear
-from halwatch.detectors.base import Detector, fold_indices
-from halwatch.detectors.calibration import fit_logistic, logistic_logodds
+from halwatch.detectors.base import Detector, cross_fit
+from halwatch.detectors.linear import folds_of
 from halwatch.models.forward import SignalRequest, whitebox_request
 
-FAMILIES = ("lookback", "toha", "diag", "sink", "hidden", "uncertainty")
+FAMILIES = ("lookback", "toha", "diag", "hidden", "uncertainty", "support")
 POOLED = ("token_max", "token_top", "token_mean")
+#: The inverse regularisation strengths the token classifier chooses from (``token_C="cv"``): on the order of one
+#: over the number of tokens it is fitted on, hundreds of thousands.
+TOKEN_C_GRID = (1e-5, 1e-4, 1e-3, 1e-2)
 
 
 def _smooth(values: np.ndarray, width: int) -> np.ndarray:
@@ -56,11 +67,11 @@ def _sigmoid(z):
 
 class Fused(Detector):
     name = "fused"
-    citation = ("halwatch fused detector: stacked TOHA, Lookback Lens, LLM-Check, linear-probe and uncertainty "
-                "features with a token classifier on RAGTruth spans")
+    citation = ("halwatch fused detector: stacked TOHA, Lookback Lens, LLM-Check, linear-probe, uncertainty and "
+                "lexical-support features with a token classifier on human span labels")
     supervised = True
 
-    def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_l2: float | str = "cv",
+    def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_C: float | str = "cv",
                  folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
                  drop: tuple | list | str = (), **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
@@ -70,7 +81,7 @@ class Fused(Detector):
             raise ValueError(f"drop: unknown signal families {unknown}: choose from {FAMILIES + ('tokens', 'length')}")
         if not 0 < float(negatives) <= 1:
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
-        super().__init__(scorer=scorer, calibration=calibration, C=C, token_l2=token_l2, folds=int(folds),
+        super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
                          **settings)
         self.families: dict = {}
@@ -93,42 +104,40 @@ class Fused(Detector):
             out["lookback"].append(s.head_values("lookback.ratio", heads).mean(1))
             out["toha"].append(s.head_values("mtopdiv.d", heads))
             out["diag"].append(np.log(np.clip(s.head_values("diag.w", heads), 1e-6, None)).mean(1))
-            out["sink"].append(s.head_values("sink.w", heads).mean(1))
             out["hidden"].append(np.concatenate([s.hidden[s.hidden_layers.index(mid), 0],
                                                  s.hidden[s.hidden_layers.index(last), 0]]))
             surprisal, entropy = -s.logprobs.astype(float), s.entropy.astype(float)
             out["uncertainty"].append(np.array([
                 surprisal.mean(), surprisal.max(), np.quantile(surprisal, 0.9), surprisal.std(),
                 entropy.mean(), entropy.max(), np.quantile(entropy, 0.9), entropy.std()]))
+            out["support"].append(_support(s).support_answer)
         return {k: np.stack(v).astype(np.float64) for k, v in out.items()}
 
     def token_features(self, sig) -> np.ndarray:
-        """``[R, F]``: per response token, every head's lookback ratio, MTop-Div edge weight, log self-attention
-        and sink attention, the middle layer's hidden state, surprisal, entropy and the relative position."""
+        """``[R, F]``: per response token, every head's lookback ratio, MTop-Div edge weight and log
+        self-attention, the middle layer's hidden state, surprisal, entropy, the relative position and the lexical
+        support flags."""
         heads, mid, _ = self._layout()
         r = sig.n_response
         parts = [sig.head_values("lookback.ratio", heads).T, sig.head_values("mtopdiv.token_weights", heads).T,
-                 np.log(np.clip(sig.head_values("diag.w", heads), 1e-6, None)).T, sig.head_values("sink.w", heads).T,
+                 np.log(np.clip(sig.head_values("diag.w", heads), 1e-6, None)).T,
                  sig.token_hidden[sig.token_hidden_layers.index(mid)].astype(np.float32),
-                 -sig.logprobs[:, None], sig.entropy[:, None], (np.arange(r) / max(r - 1, 1))[:, None]]
+                 -sig.logprobs[:, None], sig.entropy[:, None], (np.arange(r) / max(r - 1, 1))[:, None],
+                 _support(sig).support]
         return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=1)
 
-    def _token_data(self, signals, views):
-        x = [self.token_features(s) for s in signals]
-        y = [v.token_labels() for v in views] if views is not None else None
-        return x, y
-
     # ---- pieces -------------------------------------------------------------------------------------------------
-    def _fit_tokens(self, x: list, y: list, l2="cv") -> dict:
+    def _fit_tokens(self, x: list, y: list, C="cv", groups=None) -> dict:
         """The token classifier on every hallucinated token and a seeded ``negatives`` share of the others, each
         kept negative weighted by the inverse of that share (the weighted log-loss estimates the full one; the
-        matrix shrinks about threefold)."""
-        groups = np.concatenate([np.full(len(t), i) for i, t in enumerate(x)])
+        matrix shrinks about threefold). ``groups``: the source of each answer, for the choice of ``C``."""
+        owner = np.concatenate([np.full(len(t), i if groups is None else groups[i]) for i, t in enumerate(x)])
         labels = np.concatenate(y).astype(np.float32)
         rate = float(self.settings["negatives"])
         keep = (labels > 0) | (np.random.default_rng(0).random(len(labels)) < rate)
         weights = np.where(labels[keep] > 0, 1.0, 1.0 / rate)
-        return linear.fit(np.concatenate(x)[keep], labels[keep], l2=l2, groups=groups[keep], weights=weights)
+        return linear.fit(np.concatenate(x)[keep], labels[keep], C=C, grid=TOKEN_C_GRID, groups=owner[keep],
+                          folds=3, weights=weights)
 
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
         return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
@@ -153,59 +162,69 @@ class Fused(Detector):
         return np.stack(cols, axis=1), names
 
     # ---- fitting ------------------------------------------------------------------------------------------------
-    def fit_parts(self, signals, labels, views):
+    def fit_parts(self, signals, labels, views, groups=None):
         """Out-of-fold stacking (module docstring); keeps the held-out scores for the calibration."""
         labels = np.asarray(labels, dtype=int)
         feats = self.answer_features(signals)
         use_tokens = views is not None and "tokens" not in self.settings["drop"]
-        tok_x, tok_y = self._token_data(signals, views) if use_tokens else (None, None)
+        tok_x = [self.token_features(s) for s in signals] if use_tokens else None
+        tok_y = [v.token_labels() for v in views] if use_tokens else None
+        labelled = np.array([v.has_token_labels for v in views]) if use_tokens else None
         lengths = [s.n_response for s in signals]
-        folds = fold_indices(labels, self.settings["folds"])
-        # regularisation chosen once on the whole probe, then fixed in the folds
-        chosen = {name: fit_logistic(feats[name], labels, self.settings["C"])["C"] for name in FAMILIES
-                  if name not in self.settings["drop"]}
-        l2 = self.settings["token_l2"]
-        if use_tokens and l2 == "cv":
-            l2 = self._fit_tokens(tok_x, tok_y)["l2"]
-        held_family = {name: np.zeros(len(labels)) for name in chosen}
-        held_tokens: list = [None] * len(labels)
-        for train, held in folds:
-            for name, c in chosen.items():
-                model = fit_logistic(feats[name][train], labels[train], c)
-                held_family[name][held] = logistic_logodds(model, feats[name][held])
-            if use_tokens:
-                model = self._fit_tokens([tok_x[i] for i in train], [tok_y[i] for i in train], l2)
-                for i, p in zip(held, self._token_probs(model, [tok_x[i] for i in held])):
-                    held_tokens[i] = p
-        pooled = self._pooled(held_tokens) if use_tokens else None
+        folds = folds_of(labels, self.settings["folds"], groups)
+        n = len(labels)
+
+        def family(name, c):
+            return cross_fit(folds, lambda tr: linear.fit(feats[name][tr], labels[tr], C=c),
+                             lambda m, held: linear.logodds(m, feats[name][held]), n)[0]
+
+        def token_fit(train, c):
+            train = [i for i in train if labelled[i]]
+            return self._fit_tokens([tok_x[i] for i in train], [tok_y[i] for i in train], c,
+                                    None if groups is None else [groups[i] for i in train])
+
+        # regularisation chosen once on the whole probe (source-grouped cross-validation), then fixed in the folds
+        chosen = {name: linear.fit(feats[name], labels, C=self.settings["C"], groups=groups)["C"]
+                  for name in FAMILIES if name not in self.settings["drop"]}
+        held_family = {name: np.array(family(name, c)) for name, c in chosen.items()}
+        pooled, held_tokens, token_C = None, None, self.settings["token_C"]
+        if use_tokens:
+            if token_C == "cv":
+                token_C = token_fit(np.arange(n), "cv")["C"]
+            held_tokens = cross_fit(folds, lambda tr: token_fit(tr, token_C),
+                                    lambda m, held: self._token_probs(m, [tok_x[i] for i in held]), n)[0]
+            pooled = self._pooled(held_tokens)
         stack_x, self.columns = self._stack_columns(held_family, pooled, lengths)
-        self.stacker = fit_logistic(stack_x, labels, self.settings["C"])
-        # the stacker's own held-out scores (the same folds), for the calibration and the threshold
-        held_raw = np.zeros(len(labels))
-        for train, held in folds:
-            model = fit_logistic(stack_x[train], labels[train], self.stacker["C"])
-            held_raw[held] = logistic_logodds(model, stack_x[held])
-        self._held_out = (held_raw, held_tokens if use_tokens else None)
+        self.stacker = linear.fit(stack_x, labels, C=self.settings["C"], groups=groups)
+        held_raw = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"]),
+                             lambda m, held: linear.logodds(m, stack_x[held]), n)[0]
+        self._held_out = (np.array(held_raw, dtype=float), held_tokens)
         self.held_out_inputs = stack_x  # the stacker's training inputs: every column scored out of fold
         # the parts used at scoring time, fitted on the whole probe
-        self.families = {name: fit_logistic(feats[name], labels, c) for name, c in chosen.items()}
-        self.token_model = self._fit_tokens(tok_x, tok_y, l2) if use_tokens else None
+        self.families = {name: linear.fit(feats[name], labels, C=c) for name, c in chosen.items()}
+        self.token_model = token_fit(np.arange(n), token_C) if use_tokens else None
 
-    def held_out_scores(self, signals, labels, views):
+    def held_out_scores(self, signals, labels, views, groups=None):
         held, self._held_out = self._held_out, None
         return held
+
+    def ood_inputs_held_out(self, signals, raw):
+        return self.held_out_inputs
 
     # ---- scoring ------------------------------------------------------------------------------------------------
     def _stack_inputs(self, signals) -> np.ndarray:
         feats = self.answer_features(signals)
-        family = {name: logistic_logodds(model, feats[name]) for name, model in self.families.items()}
+        family = {name: linear.logodds(model, feats[name]) for name, model in self.families.items()}
         pooled = None
         if self.token_model is not None:
             pooled = self._pooled(self._token_probs(self.token_model, [self.token_features(s) for s in signals]))
         return self._stack_columns(family, pooled, [s.n_response for s in signals])[0]
 
+    def ood_inputs(self, signals):
+        return self._stack_inputs(signals)
+
     def raw_scores(self, signals):
-        return logistic_logodds(self.stacker, self._stack_inputs(signals))
+        return linear.logodds(self.stacker, self._stack_inputs(signals))
 
     def token_scores(self, signals):
         if self.token_model is None:
@@ -214,7 +233,7 @@ class Fused(Detector):
 
     def coefficients(self) -> dict[str, float]:
         """The stacker's weight of each input, on standardised inputs (the log length's among them)."""
-        return dict(zip(self.columns, (round(c, 4) for c in self.stacker["coef"])))
+        return dict(zip(self.columns, (round(float(c), 4) for c in linear.coefficients(self.stacker))))
 
     def state(self):
         return {"families": self.families, "token_model": self.token_model, "stacker": self.stacker,
@@ -223,3 +242,11 @@ class Fused(Detector):
     def set_state(self, state):
         self.families, self.token_model = state["families"], state.get("token_model")
         self.stacker, self.columns = state["stacker"], state["columns"]
+
+
+def _support(sig):
+    """``sig`` with its lexical support, which the scorer attaches; signals made without it cannot be scored."""
+    if sig.support is None or sig.support_answer is None:
+        raise ValueError("the fused detector needs the lexical support of each answer (SignalRequest.support): "
+                         "get signals from Scorer.signals")
+    return sig

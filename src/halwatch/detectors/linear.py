@@ -1,7 +1,13 @@
-"""Logistic regression for large feature matrices (hundreds of thousands of tokens x a few thousand features):
-full-batch L-BFGS in torch, float32, L2 penalty chosen by grouped cross-validation. scikit-learn's solvers copy
-such a matrix to float64 (gigabytes); this one works on it in place. Models are JSON-ready dicts (packed arrays),
-scored by :func:`logodds` with NumPy alone."""
+"""halwatch's one logistic regression: every linear model of every detector (family models, stackers, token and
+window classifiers, probes) and Platt's calibration are fitted here.
+
+Full-batch L-BFGS in torch on standardised features, float64 for small problems and float32 for large ones such as
+hundreds of thousands of tokens x a thousand features, where scikit-learn's solvers would copy the matrix to
+float64 (gigabytes). The objective is scikit-learn's: ``sum_i w_i * logloss_i + ||coef||^2 / (2 C)`` (the
+intercept is not penalised), so ``C`` means what it means there. ``C="cv"`` chooses it from a grid by held-out
+log-loss over folds that never part a group (a source document, an answer). Models are JSON-ready dicts, scored by
+:func:`logodds` with NumPy alone.
+"""
 
 from __future__ import annotations
 
@@ -9,68 +15,94 @@ import numpy as np
 
 from halwatch.detectors.classifiers import pack, unpack
 
-#: The L2 strengths (per sample, on standardised features) that ``l2="cv"`` chooses from.
-L2_GRID = (1e-2, 1e-1, 1.0)
+#: The inverse regularisation strengths that ``C="cv"`` chooses from by default.
+C_GRID = tuple(float(c) for c in np.logspace(-4, 2, 7))
+#: Above this many matrix entries the fit runs in float32.
+FLOAT64_ENTRIES = 2e7
 
 
-def _train(x, y, weight, l2: float, iterations: int):
+def folds_of(labels, folds: int, groups=None, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(train, held)]``: stratified, shuffled folds, as many as the smaller class (and the number of groups)
+    allows and at most ``folds``; with ``groups``, a group is never split between folds."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+
+    labels = np.asarray(labels, dtype=int)
+    k = max(2, min(folds, int(np.bincount(labels, minlength=2).min())))
+    idx = np.zeros(len(labels))
+    if groups is None:
+        return list(StratifiedKFold(k, shuffle=True, random_state=seed).split(idx, labels))
+    groups = np.asarray(groups)
+    k = max(2, min(k, len(np.unique(groups))))
+    return list(StratifiedGroupKFold(k, shuffle=True, random_state=seed).split(idx, labels, groups))
+
+
+def _train(z, y, weight, penalty: float, iterations: int):
     import torch
 
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
+    w = torch.zeros(z.shape[1], dtype=z.dtype, requires_grad=True)
+    b = torch.zeros(1, dtype=z.dtype, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], max_iter=iterations, history_size=20, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-6, tolerance_change=1e-9)
-    loss_fn = torch.nn.BCEWithLogitsLoss(weight=weight)
+                            tolerance_grad=1e-7, tolerance_change=1e-10)
+    total = float(weight.sum())
 
     def closure():
         opt.zero_grad()
-        loss = loss_fn(x @ w + b, y) + 0.5 * l2 * (w * w).sum()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y, weight=weight, reduction="sum")
+        loss = (loss + 0.5 * penalty * (w * w).sum()) / total
         loss.backward()
         return loss
 
     opt.step(closure)
-    return w.detach(), float(b.detach())
+    return w.detach(), b.detach()
 
 
-def fit(x, labels, l2: float | str = "cv", groups=None, folds: int = 3, iterations: int = 200,
-        balance: bool = False, seed: int = 0, weights=None) -> dict:
-    """A logistic regression on standardised ``x`` (``[n, d]``, float32 kept). ``l2="cv"``: the strength from
-    :data:`L2_GRID` with the best held-out log-loss over ``folds`` folds (by ``groups`` when given, e.g. the answer
-    of each token, so that a group is never split). ``balance``: weight the classes equally; ``weights``: a weight
-    per row instead (e.g. the inverse of the rate at which a subsampled class was kept)."""
+def fit(x, labels, C: float | str = "cv", grid=C_GRID, groups=None, folds: int = 5, weights=None, seed: int = 0,
+        iterations: int = 200) -> dict:
+    """A logistic regression of 0/1 ``labels`` (or soft targets in [0, 1]) on ``x`` (``[n, d]``), on features
+    standardised by the data's mean and deviation. ``C``: the inverse regularisation strength, or ``"cv"`` for
+    the value of ``grid`` with the lowest held-out (weighted) log-loss over :func:`folds_of`. ``weights``: one per
+    row (e.g. the inverse of the rate at which a subsampled class was kept). The chosen ``C`` is kept."""
     import torch
 
-    x = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
-    y = torch.as_tensor(np.asarray(labels, dtype=np.float32))
+    big = np.size(x) > FLOAT64_ENTRIES
+    dtype = torch.float32 if big else torch.float64
+    x = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32 if big else np.float64))
+    if x.ndim != 2:
+        raise ValueError(f"expected features [n, d], got shape {tuple(x.shape)}")
+    y = torch.as_tensor(np.asarray(labels, dtype=float)).to(dtype)
+    weight = (torch.ones(len(y), dtype=dtype) if weights is None
+              else torch.as_tensor(np.asarray(weights, dtype=float)).to(dtype))
     mean = x.mean(0)
-    std = x.std(0).clamp_min(1e-6)
+    std = x.std(0, unbiased=False).clamp_min(1e-6)
     z = (x - mean) / std
-    pos = float(y.mean())
-    weight = torch.where(y > 0, 0.5 / max(pos, 1e-6), 0.5 / max(1 - pos, 1e-6)) if balance else None
-    if weights is not None:
-        weight = torch.as_tensor(np.asarray(weights, dtype=np.float32))
-    chosen = l2
-    if l2 == "cv":
-        from sklearn.model_selection import GroupKFold, StratifiedKFold
-
-        idx = np.arange(len(y))
-        split = (GroupKFold(folds).split(idx, groups=groups) if groups is not None
-                 else StratifiedKFold(folds, shuffle=True, random_state=seed).split(idx, labels))
-        splits = list(split)
+    chosen = C
+    if C == "cv":
         losses = []
-        for value in L2_GRID:
+        splits = folds_of(np.asarray(labels) > 0.5, folds, groups, seed)
+        for value in grid:
             total = 0.0
             for train, held in splits:
-                w, b = _train(z[train], y[train], None if weight is None else weight[train], value, iterations)
+                w, b = _train(z[train], y[train], weight[train], 1.0 / value, iterations)
                 total += float(torch.nn.functional.binary_cross_entropy_with_logits(
-                    z[held] @ w + b, y[held], weight=None if weight is None else weight[held], reduction="sum"))
+                    z[held] @ w + b, y[held], weight=weight[held], reduction="sum"))
             losses.append(total)
-        chosen = L2_GRID[int(np.argmin(losses))]
-    w, b = _train(z, y, weight, float(chosen), iterations)
-    return {"mean": pack(mean.numpy()), "std": pack(std.numpy()), "coef": pack(w.numpy()), "intercept": b,
-            "l2": float(chosen)}
+        chosen = grid[int(np.argmin(losses))]
+    w, b = _train(z, y, weight, 1.0 / float(chosen), iterations)
+    return {"mean": pack(mean.numpy()), "std": pack(std.numpy()), "coef": pack(w.numpy()),
+            "intercept": float(b), "C": float(chosen)}
+
+
+def _array(value) -> np.ndarray:
+    """A packed array, or a plain list (artifacts written before the packing)."""
+    return unpack(value) if isinstance(value, dict) else np.asarray(value, dtype=float)
+
+
+def coefficients(model: dict) -> np.ndarray:
+    """The weights of a model, on standardised features."""
+    return _array(model["coef"])
 
 
 def logodds(model: dict, x) -> np.ndarray:
-    z = (np.asarray(x, dtype=np.float32) - unpack(model["mean"])) / unpack(model["std"])
-    return z @ unpack(model["coef"]) + model["intercept"]
+    """Log-odds of a fitted model on new features ``[n, d]``."""
+    z = (np.asarray(x, dtype=float) - _array(model["mean"])) / _array(model["std"])
+    return z @ _array(model["coef"]) + model["intercept"]

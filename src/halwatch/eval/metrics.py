@@ -20,10 +20,25 @@ def trivial_f1(labels) -> float:
     return 2 * p / (1 + p) if p > 0 else 0.0
 
 
+def expected_calibration_error(labels, probs, bins: int = 10) -> float:
+    """Expected calibration error: over ``bins`` equal-width bins of the probability, the share-weighted absolute
+    gap between the mean probability and the observed rate of hallucinated answers (Naeini et al., 2015)."""
+    labels = np.asarray(labels, dtype=float)
+    probs = np.asarray(probs, dtype=float)
+    which = np.minimum((probs * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in np.unique(which):
+        inside = which == b
+        total += inside.mean() * abs(probs[inside].mean() - labels[inside].mean())
+    return float(total)
+
+
 def evaluate(labels, probs, threshold: float, ranking=None) -> dict:
     """Every metric of one test set. AUROC and AUC-PR rank the answers by ``ranking`` (the detector's raw score,
     oriented as its calibration; default: the probabilities), never by probabilities that clipping or saturation
-    can tie; the verdicts (F1, accuracy, precision, recall) compare the probabilities with the threshold."""
+    can tie; the verdicts (F1, accuracy, precision, recall, and the operating point: false- and true-positive
+    rates) compare the probabilities with the threshold; ``ece`` is the expected calibration error, beside the mean
+    probability and the observed ``rate`` of hallucinated answers."""
     labels = np.asarray(labels, dtype=int)
     probs = np.asarray(probs, dtype=float)
     ranking = probs if ranking is None else np.asarray(ranking, dtype=float)
@@ -32,6 +47,11 @@ def evaluate(labels, probs, threshold: float, ranking=None) -> dict:
     return {
         "auroc": float(roc_auc_score(labels, ranking)) if both else float("nan"),
         "auc_pr": float(average_precision_score(labels, ranking)) if both else float("nan"),
+        "fpr": float(pred[labels == 0].mean()) if (labels == 0).any() else float("nan"),
+        "tpr": float(pred[labels == 1].mean()) if (labels == 1).any() else float("nan"),
+        "ece": expected_calibration_error(labels, probs),
+        "mean_prob": float(probs.mean()),
+        "rate": float(labels.mean()),
         "f1": float(f1_score(labels, pred, zero_division=0)),
         "accuracy": float(accuracy_score(labels, pred)),
         "precision": float(precision_score(labels, pred, zero_division=0)),

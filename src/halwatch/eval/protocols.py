@@ -14,23 +14,58 @@ from halwatch.models.forward import SignalRequest, whitebox_request
 log = logging.getLogger("halwatch")
 
 
-PROTOCOLS = ("ragtruth-official", "random-splits", "kfold", "transfer")
+PROTOCOLS = ("dev", "official", "ragtruth-official", "random-splits", "kfold", "transfer", "shape-transfer")
+
+
+def dataset_names() -> list[str]:
+    """Every dataset name :func:`load_dataset` takes besides a JSONL path (``ragtruth:GENERATOR`` for each
+    generator and ``ragtruth:all``)."""
+    from halwatch.data.ragtruth import GENERATORS
+    from halwatch.data.shared import SETS
+
+    return ([f"ragtruth:{g}" for g in (*GENERATORS, "all")] + [f"ragtruth-qa:{g}" for g in (*GENERATORS, "all")]
+            + ["squad-shapes", *SETS])
 
 
 def load_dataset(name: str):
-    """``ragtruth:GENERATOR`` (RAGTruth QA of one generator, both official splits), ``ragtruth:G1+G2`` (several
-    generators pooled), ``ragtruth:all`` (all three) or a generic JSONL path. Returns ``(samples, generator)``."""
+    """Samples of a named dataset and its generator (a label for result rows): ``ragtruth:GENERATOR`` (RAGTruth QA
+    of one generator, both official splits; ``ragtruth:G1+G2`` several pooled; ``ragtruth:all`` all three),
+    ``ragtruth-qa:GENERATOR`` (the same answers with their passages and question rendered through the QA template
+    instead of RAGTruth's prompt), ``squad-shapes`` (:mod:`halwatch.data.shapes`), a shared set of another shape
+    (:data:`halwatch.data.shared.SETS`), a generic JSONL path, or several of these joined by commas (pooled, each
+    keeping its own splits). Returns ``(samples, generator)``."""
     from halwatch.data.jsonl import read_jsonl
     from halwatch.data.ragtruth import read_ragtruth
+    from halwatch.data.shared import SETS, read_shared
 
-    if name.startswith("ragtruth:"):
-        generator = name.split(":", 1)[1]
+    if "," in name:
+        parts = [load_dataset(part) for part in name.split(",") if part]
+        return [s for samples, _ in parts for s in samples], "+".join(g for _, g in parts)
+    if name.startswith(("ragtruth:", "ragtruth-qa:")):
+        kind, generator = name.split(":", 1)
         chosen = None if generator == "all" else generator.split("+")
-        return read_ragtruth(generator=chosen), generator
+        samples = read_ragtruth(generator=chosen)
+        return (samples if kind == "ragtruth" else [as_qa_template(s) for s in samples]), generator
+    if name == "squad-shapes":
+        from halwatch.data.shapes import build_squad_shapes
+
+        return build_squad_shapes(), "squad"
+    if name in SETS:
+        return read_shared(name), name
     samples = read_jsonl(name)
     if any(s.label is None for s in samples):
         raise InputError("every record of a benchmark dataset needs a label", name)
     return samples, str(samples[0].meta.get("model", samples[0].meta.get("generator", "-")))
+
+
+def as_qa_template(sample):
+    """A RAGTruth sample with its passages and question rendered through :data:`halwatch.sample.QA_TEMPLATE`
+    (the same answer, spans and label; ``meta["template"] = "qa"``)."""
+    from halwatch.sample import Sample
+
+    passages = sample.prompt[sample.context_span[0]:sample.context_span[1]]
+    return Sample(context=passages, question=sample.meta["question"], response=sample.response, id=sample.id,
+                  label=sample.label, spans=sample.spans, meta={**sample.meta, "template": "qa"}, task="qa")
 
 
 def _subset(indices, labels, size, seed):
@@ -45,35 +80,44 @@ def _subset(indices, labels, size, seed):
 
 
 def make_splits(protocol: str, samples, seeds, probe_size=None):
-    """``[(seed, probe_indices, test_indices)]`` of a protocol.
+    """``[(seed, probe_indices, test_indices)]`` of a protocol. Every split keeps the answers to one source document
+    (:attr:`halwatch.sample.Sample.source`) on one side.
 
-    - ``ragtruth-official``: probe = the official train split (or a stratified subset of ``probe_size``, varied by
-      the seed), test = the official test split.
-    - ``random-splits`` (TOHA section 4.1, after HaloScope): stratified 75/25 split per seed, probe = ``probe_size``
-      (default 100) of the 75 %.
-    - ``kfold`` (LRP4RAG section 3.4): stratified 5-fold cross-validation over the whole set, fitting on the four
-      other folds; the "seed" of a row is the fold number. Nothing is selected on the test fold.
+    - ``dev``: probe = the train split (:func:`halwatch.data.splits.split_of`; or a stratified subset of
+      ``probe_size``, varied by the seed), test = the dev split. Where every design choice is made.
+    - ``official`` (``ragtruth-official``): probe = the train and dev splits (RAGTruth's official train split),
+      test = the test split. Read once per published table.
+    - ``random-splits`` (TOHA section 4.1, after HaloScope): a stratified 75/25 split by source per seed, probe =
+      ``probe_size`` (default 100) of the 75 %.
+    - ``kfold`` (LRP4RAG section 3.4): stratified 5-fold cross-validation by source over the whole set, fitting on
+      the four other folds; the "seed" of a row is the fold number. Nothing is selected on the test fold.
     """
-    from sklearn.model_selection import StratifiedKFold, train_test_split
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from halwatch.data.splits import split_of
 
     labels = np.array([s.label for s in samples])
+    groups = np.array([s.source for s in samples])
     everything = np.arange(len(samples))
-    if protocol == "ragtruth-official":
-        train = everything[[s.meta.get("split") == "train" for s in samples]]
-        test = everything[[s.meta.get("split") == "test" for s in samples]]
+    splits = np.array([split_of(s) for s in samples])
+    if protocol in ("dev", "official", "ragtruth-official"):
+        train = everything[np.isin(splits, ["train"] if protocol == "dev" else ["train", "dev"])]
+        test = everything[splits == ("dev" if protocol == "dev" else "test")]
         if not len(train) or not len(test):
-            raise InputError("ragtruth-official needs samples with meta.split 'train' and 'test'")
+            raise InputError(f"protocol {protocol!r} needs samples of the train and "
+                             f"{'dev' if protocol == 'dev' else 'test'} splits (meta.split)")
         return [(seed, _subset(train, labels, probe_size, seed), test) for seed in seeds]
     if protocol == "random-splits":
         out = []
         for seed in seeds:
-            rest, test = train_test_split(everything, test_size=0.25, stratify=labels, random_state=seed)
+            rest, test = next(StratifiedGroupKFold(4, shuffle=True, random_state=seed).split(everything, labels,
+                                                                                               groups))
             out.append((seed, _subset(rest, labels, probe_size or 100, seed), np.sort(test)))
         return out
     if protocol == "kfold":
-        folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=seeds[0])
+        folds = StratifiedGroupKFold(n_splits=5, shuffle=True, random_state=seeds[0])
         return [(k, _subset(tr, labels, probe_size, seeds[0]), te)
-                for k, (tr, te) in enumerate(folds.split(everything, labels))]
+                for k, (tr, te) in enumerate(folds.split(everything, labels, groups))]
     raise ValueError(f"unknown protocol {protocol!r}: choose one of {', '.join(PROTOCOLS)}")
 
 
@@ -165,7 +209,7 @@ class Bench:
         det = create_detector(detector_name, scorer=self.scorer, **{**self.options.get(detector_name, {}),
                                                                     **(options or {})})
         det.fit_signals(*train)
-        return det, det.scores_and_ranking(test)
+        return det, det.scores_and_ranking(test) if test else None
 
     def _record(self, dataset, generator, protocol, seed, detector, labels, scored, threshold, seconds, extra=None,
                 probe_size=None):
@@ -177,7 +221,7 @@ class Bench:
             "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **identity,
             "detector": detector, "protocol": protocol, "seed": int(seed),
             **evaluate(labels, probs, threshold, ranking), "seconds": round(seconds, 3), "commit": self.commit,
-            **(extra or {}),
+            "dirty": self.commit.endswith("-dirty"), **(extra or {}),
         }
         self.rows.append(row)
         self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode",
@@ -186,8 +230,12 @@ class Bench:
                                    "raw": [float(r) for r in ranking]})
         return row
 
-    def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None):
-        """One protocol over datasets (``transfer``: every ordered pair of datasets)."""
+    def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None,
+            eval_split: str = "dev"):
+        """One protocol over datasets (``transfer``: every ordered pair of datasets; ``shape-transfer``: every
+        dataset held out of a pooled fit in turn, on its ``eval_split``)."""
+        if protocol == "shape-transfer":
+            return self.run_shapes(datasets, eval_split, options, extra)
         if protocol == "transfer":
             for source in datasets:
                 for target in datasets:
@@ -208,6 +256,55 @@ class Bench:
                     self._record(name, generator, protocol, seed, det_name, labels[test], scored, det.threshold,
                                  time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
+        return self.rows
+
+    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None):
+        """Shape transfer: each detector is fitted on the pooled training parts of all ``datasets`` (the train
+        split, and the dev split too when ``eval_split`` is ``test``) and scores every dataset's ``eval_split``
+        (rows with ``settings.training = "included"``); then, for each dataset in turn, fitted without any of that
+        dataset and scoring it (``"held-out"``). A dataset with no training part (FaithBench: evaluation only)
+        has only the held-out row."""
+        from halwatch.data.splits import split_of
+
+        if eval_split not in ("dev", "test"):
+            raise ValueError(f"eval_split must be 'dev' or 'test', not {eval_split!r}")
+        fit_splits = ("train",) if eval_split == "dev" else ("train", "dev")
+        parts = {}
+        for name in datasets:
+            samples = self.data(name, needed=())[0]
+            splits = [split_of(s) for s in samples]
+            parts[name] = ([i for i, sp in enumerate(splits) if sp in fit_splits],
+                           [i for i, sp in enumerate(splits) if sp == eval_split])
+        for det_name in self.detectors:
+            pooled = {name: self._detector_data(name, det_name, options, np.concatenate([fit, ev]).astype(int))
+                      for name, (fit, ev) in parts.items()}
+
+            def probe(names):
+                rows = [(pooled[n], i) for n in names for i in parts[n][0]]
+                return ([d[3][i] for d, i in rows], np.array([d[1][i] for d, i in rows]),
+                        [d[2][i] for d, i in rows])
+
+            def score(det, name, t0, training):
+                _, labels, views, signals, generator = pooled[name]
+                test = parts[name][1]
+                scored = det.scores_and_ranking([signals[i] for i in test])
+                spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test], scored[0])
+                self._record(name, generator, "shape-transfer", 0, det_name, labels[test], scored, det.threshold,
+                             time.perf_counter() - t0, {**(extra or {}), **spans,
+                                                        "settings": {"training": training, "eval": eval_split}})
+
+            trainable = [n for n in datasets if parts[n][0]]
+            t0 = time.perf_counter()
+            det, _ = self.fit_score(det_name, probe(trainable), [], options)
+            for name in datasets:
+                if parts[name][0] and parts[name][1]:
+                    score(det, name, t0, "included")
+            for name in datasets:
+                if not parts[name][1]:
+                    continue
+                t0 = time.perf_counter()
+                det, _ = self.fit_score(det_name, probe([n for n in trainable if n != name]), [], options)
+                score(det, name, t0, "held-out")
         return self.rows
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):

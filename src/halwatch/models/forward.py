@@ -23,6 +23,7 @@ from halwatch.models.masking import masked_scores
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
+from halwatch.signals import support
 from halwatch.signals.reducers import REDUCERS, Rows
 from halwatch.tokens import TokenView
 
@@ -52,6 +53,8 @@ class SignalRequest:
     - ``relevance``: relevance of the input tokens for the response tokens
       (:class:`halwatch.models.relevance.RelevanceRequest`, LRP4RAG); the pass then runs with gradients and the
       propagation rules, and feeds every other signal asked for from the same forward pass.
+    - ``support``: the lexical support of the response by the context (:mod:`halwatch.signals.support`), from the
+      texts alone: no part of the pass, computed whenever signals are handed out and never cached.
     - ``extra``: a pass that a detector module defines itself (e.g.
       :class:`halwatch.detectors.polygraph.PolygraphRequest`, LM-Polygraph's estimators): a frozen, hashable object
       with ``key()`` (its part of the cache key, with its own version) and ``compute(scorer, views)`` (one dict of
@@ -69,6 +72,7 @@ class SignalRequest:
     sampling: SamplingRequest | None = None
     relevance: RelevanceRequest | None = None
     extra: Any = None
+    support: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
@@ -100,6 +104,7 @@ class SignalRequest:
             sampling=_one(reqs, "sampling"),
             relevance=_one(reqs, "relevance"),
             extra=_one(reqs, "extra"),
+            support=any(r.support for r in reqs),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -110,7 +115,7 @@ class SignalRequest:
         """What identifies this request's signals in the cache: every field (the optional ones only when set) and
         the version of each reducer, so that a changed signal definition never reuses old values."""
         optional = ("sampling", "relevance", "token_hidden_layers")
-        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*optional, "extra")}
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*optional, "extra", "support")}
         for name in optional:
             if getattr(self, name):
                 value = getattr(self, name)
@@ -125,8 +130,8 @@ class SignalRequest:
         return key
 
     def without_sampling(self) -> "SignalRequest":
-        """The request of the forward pass alone: no sampled answers and no ``extra`` pass."""
-        return replace(self, sampling=None, extra=None)
+        """The request of the forward pass alone: no sampled answers, no ``extra`` pass, no lexical support."""
+        return replace(self, sampling=None, extra=None, support=False)
 
 
 def _one(reqs, name: str):
@@ -161,6 +166,8 @@ class Signals:
     generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
     relevance: dict[str, np.ndarray] | None = None  # see the class docstring
     extra: dict[str, np.ndarray] | None = None  # the results of SignalRequest.extra
+    support: np.ndarray | None = None  # [R, k] lexical support flags per response token (never cached)
+    support_answer: np.ndarray | None = None  # [m] lexical support features of the answer (never cached)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {
@@ -415,16 +422,34 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             }
             if rel.rows:
                 sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)
+        if request.support:
+            attach_support(v, sig)
         results.append(sig)
     return results
+
+
+def attach_support(view: TokenView, sig: Signals) -> None:
+    """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
+    the whole context, even where the token cap cut it from the model's input."""
+    sample = view.sample
+    if sample.context is not None:
+        context = sample.context
+    elif sample.context_span is not None:
+        context = sample.prompt[sample.context_span[0]:sample.context_span[1]]
+    else:
+        context = sample.prompt
+    sig.support = support.token_features(context, sample.response, view.offsets)
+    sig.support_answer = support.answer_features(context, sample.response)
+
 
 
 def whitebox_request(model) -> SignalRequest:
     """One forward pass that feeds every white-box detector and baseline: token statistics, pooled hidden states of
     the middle and last layer (linear probe), every response token's hidden state of the middle layer (token-level
     classifiers), and for every head the MTop-Div (TOHA), the lookback ratios (Lookback Lens), the attention
-    diagonal (LLM-Check) and the attention sink. Benchmarks always ask for exactly this, and the scorer serves any
-    request it covers from its cached entries, so detectors, protocols and reruns share one pass per answer."""
+    diagonal (LLM-Check) and the attention sink; and the lexical support of the response by its context.
+    Benchmarks always ask for exactly this, and the scorer serves any request it covers from its cached entries, so
+    detectors, protocols and reruns share one pass per answer."""
     return SignalRequest(
         token_stats=True,
         hidden_layers=(model.n_layers // 2, model.n_layers),
@@ -432,4 +457,5 @@ def whitebox_request(model) -> SignalRequest:
         token_hidden_layers=(model.n_layers // 2,),
         heads=model.all_heads(),
         reducers=("diag", "lookback", "mtopdiv", "sink"),
+        support=True,
     )

@@ -1,11 +1,14 @@
 """``halwatch serve``: the scoring service.
 
 - ``POST /v1/score``: one item (a JSON object) or a list of items; each has ``response`` and either ``prompt``, or
-  ``context`` (or ``contexts``, joined by blank lines) with ``question``; optional ``id`` and ``detector``. Each
+  ``context`` (or ``contexts``, joined by blank lines) with ``question`` where the task has one and ``task`` (``qa``,
+  ``summary``, ``dialogue``, ``data2text``; default ``qa`` with a question, ``summary`` without); optional ``id``
+  and ``detector``. Each
   result has ``score`` (probability of hallucination), ``hallucinated``, the ``threshold`` used, ``spans``
   (character offsets into the response, ``offset_unit`` code points, with the text), the detector, scoring model and
-  input mode, and ``truncated``: how many context tokens were cut to fit the token cap. A response that does not fit
-  the scoring model is refused (422), never cut.
+  input mode, ``truncated``: how many context tokens were cut to fit the token cap, and ``ood``: how far the
+  answer's inputs lie from the detector's training data. A response that does not fit the scoring model is refused
+  (422), never cut.
 - ``GET /v1/detectors``: what is loaded, with what each was fitted on.
 - ``POST /v1/watch/check``: HalMit's monitor (Algorithm 1) for a query, against the configured store.
 - ``POST /v1/chat/completions`` with ``--upstream``: the guard proxy (:mod:`halwatch.serve.guard`).
@@ -40,6 +43,7 @@ class ScoreItem(BaseModel):
     context: str | None = None
     contexts: list[str] | None = Field(None, min_length=1)
     question: str | None = None
+    task: str | None = None
     prompt: str | None = None
     response: str
     detector: str | None = None
@@ -50,10 +54,10 @@ class ScoreItem(BaseModel):
         if self.context is not None and self.contexts is not None:
             raise InputError("give context or contexts, not both")
         context = "\n\n".join(self.contexts) if self.contexts is not None else self.context
-        if not self.prompt and (context is None or self.question is None):
-            raise InputError("give prompt, or context (or contexts) and question")
+        if not self.prompt and context is None:
+            raise InputError("give prompt, or context (or contexts) with question where the task has one")
         return Sample(response=self.response, prompt=self.prompt or "", context=context, question=self.question,
-                      id=str(self.id) if self.id is not None else str(index))
+                      task=self.task, id=str(self.id) if self.id is not None else str(index))
 
 
 EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
@@ -68,6 +72,14 @@ class Span(BaseModel):
     confidence: float
 
 
+class Distance(BaseModel):
+    """How far an answer's inputs lie from the detector's training answers."""
+
+    distance: float
+    percentile: float
+    extrapolated: bool
+
+
 class ScoreResult(BaseModel):
     id: str
     score: float
@@ -79,6 +91,7 @@ class ScoreResult(BaseModel):
     scoring_model: str
     input_mode: str
     truncated: int
+    ood: Distance | None = None
 
 
 def parse_items(body) -> list[ScoreItem]:
