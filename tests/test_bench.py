@@ -91,6 +91,28 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
             assert 1 - len(np.unique(raw)) / len(raw) < 0.01, pred["detector"]
 
 
+def test_shape_transfer_holds_each_dataset_out_in_turn(smol, signal_cache, datasets):
+    """Shape transfer: the included model is fitted on every dataset's training part, each held-out row comes from
+    a model that never saw that dataset: equal to a detector fitted here on the other dataset alone."""
+    from halwatch.data.splits import split_of
+
+    bench = Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), ["lookback-lens", "length"],
+                  progress=False)
+    bench.run("shape-transfer", datasets, eval_split="test")
+    rows = {(r["dataset"], r["detector"], r["settings"]["training"]): r for r in bench.rows}
+    assert set(rows) == {(d, det, t) for d in datasets for det in ("lookback-lens", "length")
+                         for t in ("included", "held-out")}
+    a, b = datasets
+    samples, labels, views, signals, _ = bench.data(b)
+    fit = [i for i, s in enumerate(samples) if split_of(s) in ("train", "dev")]
+    samples_a, labels_a, _, signals_a, _ = bench.data(a)
+    test = [i for i, s in enumerate(samples_a) if split_of(s) == "test"]
+    _, (probs, ranking) = bench.fit_score("lookback-lens", ([signals[i] for i in fit], labels[fit],
+                                                            [views[i] for i in fit]), [signals_a[i] for i in test])
+    assert rows[(a, "lookback-lens", "held-out")]["auroc"] == pytest.approx(roc_auc_score(labels_a[test], ranking))
+    assert rows[(a, "lookback-lens", "included")]["n_test"] == len(test)
+
+
 def test_every_split_keeps_a_source_on_one_side():
     """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
     from halwatch.data.splits import split_of

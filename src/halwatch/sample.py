@@ -135,13 +135,16 @@ class Sample:
         for key in ("source_id", "title"):
             if self.meta.get(key) is not None:
                 return f"{key}:{self.meta[key]}"
+        return "text:" + hashlib.sha256(self.context_text.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def context_text(self) -> str:
+        """The whole context: ``context``, else the ``context_span`` of the prompt, else the whole prompt."""
         if self.context is not None:
-            text = self.context
-        elif self.context_span is not None:
-            text = self.prompt[self.context_span[0]:self.context_span[1]]
-        else:
-            text = self.prompt
-        return "text:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+            return self.context
+        if self.context_span is not None:
+            return self.prompt[self.context_span[0]:self.context_span[1]]
+        return self.prompt
 
     @property
     def where(self) -> str | None:

@@ -73,7 +73,7 @@ class Fused(Detector):
 
     def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_C: float | str = "cv",
                  folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
-                 drop: tuple | list | str = (), **settings):
+                 drop: tuple | list | str = (), balance: bool = False, **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
             drop = [part for part in drop.split("+") if part]
         unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
@@ -83,7 +83,7 @@ class Fused(Detector):
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
-                         **settings)
+                         balance=bool(balance), **settings)
         self.families: dict = {}
         self.token_model: dict | None = None
         self.stacker: dict = {}
@@ -173,9 +173,10 @@ class Fused(Detector):
         lengths = [s.n_response for s in signals]
         folds = folds_of(labels, self.settings["folds"], groups)
         n = len(labels)
+        w = balanced_weights(labels, views) if self.settings.get("balance") else np.ones(n)
 
         def family(name, c):
-            return cross_fit(folds, lambda tr: linear.fit(feats[name][tr], labels[tr], C=c),
+            return cross_fit(folds, lambda tr: linear.fit(feats[name][tr], labels[tr], C=c, weights=w[tr]),
                              lambda m, held: linear.logodds(m, feats[name][held]), n)[0]
 
         def token_fit(train, c):
@@ -184,7 +185,7 @@ class Fused(Detector):
                                     None if groups is None else [groups[i] for i in train])
 
         # regularisation chosen once on the whole probe (source-grouped cross-validation), then fixed in the folds
-        chosen = {name: linear.fit(feats[name], labels, C=self.settings["C"], groups=groups)["C"]
+        chosen = {name: linear.fit(feats[name], labels, C=self.settings["C"], groups=groups, weights=w)["C"]
                   for name in FAMILIES if name not in self.settings["drop"]}
         held_family = {name: np.array(family(name, c)) for name, c in chosen.items()}
         pooled, held_tokens, token_C = None, None, self.settings["token_C"]
@@ -195,13 +196,14 @@ class Fused(Detector):
                                     lambda m, held: self._token_probs(m, [tok_x[i] for i in held]), n)[0]
             pooled = self._pooled(held_tokens)
         stack_x, self.columns = self._stack_columns(held_family, pooled, lengths)
-        self.stacker = linear.fit(stack_x, labels, C=self.settings["C"], groups=groups)
-        held_raw = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"]),
+        self.stacker = linear.fit(stack_x, labels, C=self.settings["C"], groups=groups, weights=w)
+        held_raw = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"],
+                                                          weights=w[tr]),
                              lambda m, held: linear.logodds(m, stack_x[held]), n)[0]
         self._held_out = (np.array(held_raw, dtype=float), held_tokens)
         self.held_out_inputs = stack_x  # the stacker's training inputs: every column scored out of fold
         # the parts used at scoring time, fitted on the whole probe
-        self.families = {name: linear.fit(feats[name], labels, C=c) for name, c in chosen.items()}
+        self.families = {name: linear.fit(feats[name], labels, C=c, weights=w) for name, c in chosen.items()}
         self.token_model = token_fit(np.arange(n), token_C) if use_tokens else None
 
     def held_out_scores(self, signals, labels, views, groups=None):
@@ -242,6 +244,24 @@ class Fused(Detector):
     def set_state(self, state):
         self.families, self.token_model = state["families"], state.get("token_model")
         self.stacker, self.columns = state["stacker"], state["columns"]
+
+
+def balanced_weights(labels, views) -> np.ndarray:
+    """Per answer, ``0.5 / share of its label in its dataset`` (``meta["dataset"]``): every dataset's hallucinated
+    and grounded answers weigh the same, so that no dataset's base rate (XSum's summaries are 90 % hallucinated)
+    becomes part of the score. Uniform without views."""
+    labels = np.asarray(labels, dtype=int)
+    if views is None:
+        return np.ones(len(labels))
+    names = np.array([str(v.sample.meta.get("dataset", "-")) for v in views])
+    w = np.ones(len(labels))
+    for name in np.unique(names):
+        inside = names == name
+        for label in (0, 1):
+            hit = inside & (labels == label)
+            if hit.any():
+                w[hit] = 0.5 * inside.sum() / hit.sum()
+    return w
 
 
 def _support(sig):

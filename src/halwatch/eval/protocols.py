@@ -261,9 +261,12 @@ class Bench:
     def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None):
         """Shape transfer: each detector is fitted on the pooled training parts of all ``datasets`` (the train
         split, and the dev split too when ``eval_split`` is ``test``) and scores every dataset's ``eval_split``
-        (rows with ``settings.training = "included"``); then, for each dataset in turn, fitted without any of that
-        dataset and scoring it (``"held-out"``). A dataset with no training part (FaithBench: evaluation only)
-        has only the held-out row."""
+        (rows with ``settings.training = "included"``); then, for each dataset with a training part in turn, fitted
+        without any of that dataset and scoring it (``"held-out"``). A dataset with no training part (FaithBench:
+        evaluation only) is never trained on: its one row is the included model's, marked ``"never"``. Where
+        several datasets are RAGTruth generators (``ragtruth:GENERATOR``), a ``ragtruth:pooled`` row scores their
+        evaluation parts together with the included model; each generator's held-out row is then leave-one-
+        generator-out transfer."""
         from halwatch.data.splits import split_of
 
         if eval_split not in ("dev", "test"):
@@ -275,6 +278,7 @@ class Bench:
             splits = [split_of(s) for s in samples]
             parts[name] = ([i for i, sp in enumerate(splits) if sp in fit_splits],
                            [i for i, sp in enumerate(splits) if sp == eval_split])
+        generators = [n for n in datasets if n.startswith("ragtruth:") and parts[n][1]]
         for det_name in self.detectors:
             pooled = {name: self._detector_data(name, det_name, options, np.concatenate([fit, ev]).astype(int))
                       for name, (fit, ev) in parts.items()}
@@ -284,27 +288,30 @@ class Bench:
                 return ([d[3][i] for d, i in rows], np.array([d[1][i] for d, i in rows]),
                         [d[2][i] for d, i in rows])
 
-            def score(det, name, t0, training):
-                _, labels, views, signals, generator = pooled[name]
-                test = parts[name][1]
-                scored = det.scores_and_ranking([signals[i] for i in test])
-                spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test], scored[0])
-                self._record(name, generator, "shape-transfer", 0, det_name, labels[test], scored, det.threshold,
-                             time.perf_counter() - t0, {**(extra or {}), **spans,
-                                                        "settings": {"training": training, "eval": eval_split}})
+            def score(det, names, label, t0, training):
+                rows = [(pooled[n], i) for n in names for i in parts[n][1]]
+                signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
+                labels = np.array([d[1][i] for d, i in rows])
+                scored = det.scores_and_ranking(signals)
+                spans = self.span_metrics(det, signals, views, scored[0])
+                self._record(label, pooled[names[0]][4], "shape-transfer", 0, det_name, labels, scored,
+                             det.threshold, time.perf_counter() - t0,
+                             {**(extra or {}), **spans, "settings": {"training": training, "eval": eval_split}})
 
             trainable = [n for n in datasets if parts[n][0]]
             t0 = time.perf_counter()
             det, _ = self.fit_score(det_name, probe(trainable), [], options)
             for name in datasets:
-                if parts[name][0] and parts[name][1]:
-                    score(det, name, t0, "included")
-            for name in datasets:
+                if parts[name][1]:
+                    score(det, [name], name, t0, "included" if parts[name][0] else "never")
+            if len(generators) > 1:
+                score(det, generators, "ragtruth:pooled", t0, "included")
+            for name in trainable:
                 if not parts[name][1]:
                     continue
                 t0 = time.perf_counter()
                 det, _ = self.fit_score(det_name, probe([n for n in trainable if n != name]), [], options)
-                score(det, name, t0, "held-out")
+                score(det, [name], name, t0, "held-out")
         return self.rows
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):

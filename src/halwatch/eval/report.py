@@ -197,6 +197,22 @@ def _bootstrap_tables(preds, protocol, probe, mode) -> list[str]:
     return lines
 
 
+def shape_transfer_table(rows) -> list[str]:
+    """Report lines of shape-transfer rows: per dataset and detector, with the dataset's training part included
+    and held out (and ``never`` for a set that is never trained on), AUROC, the operating point at the shipped
+    threshold (false- and true-positive rates, F1), the calibration error against the observed rate, and span F1."""
+    lines = [f"## Shape transfer ({rows[0]['settings']['eval']} split)", "",
+             "| dataset | detector | training part | n | rate | AUROC | FPR | TPR | F1 | ECE | mean p | span F1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = {"included": 0, "never": 0, "held-out": 1}
+    for r in sorted(rows, key=lambda r: (r["dataset"], r["detector"], order[r["settings"]["training"]])):
+        span = f"{r['span_f1']:.3f}" if "span_f1" in r else "-"
+        lines.append(f"| {r['dataset']} | {r['detector']} | {r['settings']['training']} | {r['n_test']} | "
+                     f"{r['rate']:.2f} | {r['auroc']:.3f} | {r['fpr']:.2f} | {r['tpr']:.2f} | {r['f1']:.3f} | "
+                     f"{r['ece']:.3f} | {r['mean_prob']:.2f} | {span} |")
+    return lines + [""]
+
+
 def write_report(out_dir) -> Path:
     """``report.md`` and its figures from what the runs left in ``out_dir``: ``results.json``,
     ``predictions.jsonl``, ``commands.txt`` and, from ``--sweeps``, ``sweeps.md`` and its figures."""
@@ -204,6 +220,7 @@ def write_report(out_dir) -> Path:
     rows = json.loads((out / "results.json").read_text())
     preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines() if x]
     main = [r for r in rows if not r.get("settings")]  # sweeps carry their settings and are reported apart
+    shapes = [r for r in rows if r["protocol"] == "shape-transfer"]
     commands = (out / "commands.txt").read_text().splitlines() if (out / "commands.txt").exists() else []
     lines = ["# halwatch benchmark report", "", "Made with:", "", "```", *commands, "```", ""]
     ident = sorted({(r["scoring_model"], r["input_mode"], r["commit"]) for r in rows})
@@ -236,6 +253,8 @@ def write_report(out_dir) -> Path:
             _plot_roc([p for p in preds if p.get("probe_size") == probe and p["input_mode"] == mode], out / fig,
                       dataset, protocol)
             lines += [f"![ROC {dataset}]({fig})", ""]
+    if shapes:
+        lines += shape_transfer_table(shapes)
     transfer = sorted({r["detector"] for r in rows if r["protocol"] == "transfer"})
     if transfer:
         lines += ["## Transfer matrices (fitted on the row dataset's train split, tested on the column's test split)",

@@ -432,15 +432,8 @@ def attach_support(view: TokenView, sig: Signals) -> None:
     """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
     the whole context, even where the token cap cut it from the model's input."""
     sample = view.sample
-    if sample.context is not None:
-        context = sample.context
-    elif sample.context_span is not None:
-        context = sample.prompt[sample.context_span[0]:sample.context_span[1]]
-    else:
-        context = sample.prompt
-    sig.support = support.token_features(context, sample.response, view.offsets)
-    sig.support_answer = support.answer_features(context, sample.response)
-
+    sig.support = support.token_features(sample.context_text, sample.response, view.offsets)
+    sig.support_answer = support.answer_features(sample.context_text, sample.response)
 
 
 def whitebox_request(model) -> SignalRequest:
