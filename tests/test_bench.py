@@ -113,6 +113,26 @@ def test_shape_transfer_holds_each_dataset_out_in_turn(smol, signal_cache, datas
     assert rows[(a, "lookback-lens", "included")]["n_test"] == len(test)
 
 
+def test_shape_transfer_never_trains_on_the_never_datasets(smol, signal_cache, datasets):
+    """A dataset named in ``never`` is only scored, by the model fitted on the others: one row, marked "never",
+    equal to a length detector fitted here on the other dataset's training part alone."""
+    from halwatch.data.splits import split_of
+
+    bench = Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), ["length"], progress=False)
+    a, b = datasets
+    bench.run("shape-transfer", [b], eval_split="test", never=[a])
+    rows = {(r["dataset"], r["settings"]["training"]): r for r in bench.rows}
+    assert set(rows) == {(b, "included"), (a, "never")}  # b alone is trained on: it has no held-out row
+    samples, labels, views, signals, _ = bench.data(b)
+    fit = [i for i, s in enumerate(samples) if split_of(s) in ("train", "dev")]
+    samples_a, labels_a, _, signals_a, _ = bench.data(a)
+    test = [i for i, s in enumerate(samples_a) if split_of(s) == "test"]
+    _, (_, ranking) = bench.fit_score("length", ([signals[i] for i in fit], labels[fit], [views[i] for i in fit]),
+                                      [signals_a[i] for i in test])
+    assert rows[(a, "never")]["auroc"] == pytest.approx(roc_auc_score(labels_a[test], ranking))
+    assert rows[(a, "never")]["n_test"] == len(test)
+
+
 def test_every_split_keeps_a_source_on_one_side():
     """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
     from halwatch.data.splits import split_of
@@ -129,13 +149,24 @@ def test_every_split_keeps_a_source_on_one_side():
 
 
 def test_published_results_come_from_clean_trees():
-    """A row of docs/results made from a tree with uncommitted changes is not a result: none is published."""
+    """A row of docs/results made from a tree with uncommitted changes is not a result: every folder that still
+    holds such rows (from before this rule) is named as history under "Rows from uncommitted trees" in
+    docs/results/README.md, and the shape-transfer tables (the verdicts' figures) hold none."""
     from pathlib import Path
 
     folder = Path(__file__).resolve().parents[1] / "docs" / "results"
+    readme = (folder / "README.md").read_text()
+    assert "## Rows from uncommitted trees" in readme
+    declared = readme.split("## Rows from uncommitted trees", 1)[1].split("\n## ", 1)[0]
+    shapes = 0
     for path in folder.glob("**/results.json"):
-        for row in json.loads(path.read_text()):
-            assert not str(row.get("commit", "")).endswith("-dirty") and not row.get("dirty"), (path, row["commit"])
+        rows = json.loads(path.read_text())
+        dirty = [r for r in rows if str(r.get("commit", "")).endswith("-dirty") or r.get("dirty")]
+        if dirty:
+            assert f"({path.parent.relative_to(folder).as_posix()}/" in declared, path
+        shapes += sum(r["protocol"] == "shape-transfer" for r in rows)
+        assert not [r for r in dirty if r["protocol"] == "shape-transfer"], path
+    assert shapes
 
 
 def test_splits_are_disjoint_and_stratified(datasets):

@@ -231,11 +231,12 @@ class Bench:
         return row
 
     def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None,
-            eval_split: str = "dev"):
+            eval_split: str = "dev", never=()):
         """One protocol over datasets (``transfer``: every ordered pair of datasets; ``shape-transfer``: every
-        dataset held out of a pooled fit in turn, on its ``eval_split``)."""
+        dataset held out of a pooled fit in turn, on its ``eval_split``, and the ``never`` datasets scored by the
+        pooled fit without ever being trained on)."""
         if protocol == "shape-transfer":
-            return self.run_shapes(datasets, eval_split, options, extra)
+            return self.run_shapes(datasets, eval_split, options, extra, never=never)
         if protocol == "transfer":
             for source in datasets:
                 for target in datasets:
@@ -258,12 +259,13 @@ class Bench:
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
 
-    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None):
+    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=()):
         """Shape transfer: each detector is fitted on the pooled training parts of all ``datasets`` (the train
         split, and the dev split too when ``eval_split`` is ``test``) and scores every dataset's ``eval_split``
         (rows with ``settings.training = "included"``); then, for each dataset with a training part in turn, fitted
         without any of that dataset and scoring it (``"held-out"``). A dataset with no training part (FaithBench:
-        evaluation only) is never trained on: its one row is the included model's, marked ``"never"``. Where
+        evaluation only), or one named in ``never``, is never trained on: its one row is the included model's,
+        marked ``"never"``. Where
         several datasets are RAGTruth generators (``ragtruth:GENERATOR``), a ``ragtruth:pooled`` row scores their
         evaluation parts together with the included model; each generator's held-out row is then leave-one-
         generator-out transfer."""
@@ -272,11 +274,12 @@ class Bench:
         if eval_split not in ("dev", "test"):
             raise ValueError(f"eval_split must be 'dev' or 'test', not {eval_split!r}")
         fit_splits = ("train",) if eval_split == "dev" else ("train", "dev")
+        datasets = list(datasets) + [n for n in never if n not in datasets]
         parts = {}
         for name in datasets:
             samples = self.data(name, needed=())[0]
             splits = [split_of(s) for s in samples]
-            parts[name] = ([i for i, sp in enumerate(splits) if sp in fit_splits],
+            parts[name] = ([i for i, sp in enumerate(splits) if sp in fit_splits and name not in never],
                            [i for i, sp in enumerate(splits) if sp == eval_split])
         generators = [n for n in datasets if n.startswith("ragtruth:") and parts[n][1]]
         for det_name in self.detectors:
@@ -307,7 +310,7 @@ class Bench:
             if len(generators) > 1:
                 score(det, generators, "ragtruth:pooled", t0, "included")
             for name in trainable:
-                if not parts[name][1]:
+                if not parts[name][1] or len(trainable) < 2:  # nothing else to fit on: no held-out row
                     continue
                 t0 = time.perf_counter()
                 det, _ = self.fit_score(det_name, probe([n for n in trainable if n != name]), [], options)
