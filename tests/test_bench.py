@@ -131,6 +131,10 @@ def test_shape_transfer_never_trains_on_the_never_datasets(smol, signal_cache, d
                                       [signals_a[i] for i in test])
     assert rows[(a, "never")]["auroc"] == pytest.approx(roc_auc_score(labels_a[test], ranking))
     assert rows[(a, "never")]["n_test"] == len(test)
+    bench.rows = []
+    bench.run("shape-transfer", [a, b], eval_split="test", hold_out=[b])
+    assert {(r["dataset"], r["settings"]["training"]) for r in bench.rows} == {(a, "included"), (b, "included"),
+                                                                              (b, "held-out")}
 
 
 def test_every_split_keeps_a_source_on_one_side():

@@ -437,7 +437,7 @@ def cmd_bench(args) -> int:
     run_bench(scorer, args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
               probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
               map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]),
-              eval_split=args.eval_split, never=args.never)
+              eval_split=args.eval_split, never=args.never, hold_out=args.hold_out)
     return 0
 
 
@@ -615,6 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--never", nargs="+", default=[], metavar="NAME",
                    help="shape-transfer: datasets scored on --eval-split by the pooled fit but never trained on "
                         "(shapes the detector has not seen)")
+    p.add_argument("--hold-out", nargs="+", metavar="NAME",
+                   help="shape-transfer: fit without each of these datasets in turn (default: each trained one)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
     p.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
                                                   "ragtruth-official and kfold, 100 for random-splits)")

@@ -24,7 +24,7 @@ def _series(rows, key):
 def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list[str], out: str | Path,
               seeds: int = 5, probe_size: int | None = None, settings: dict | None = None, sweeps: bool = False,
               sweep: str | None = None, map_from_model: str | None = None, command: str = "",
-              eval_split: str = "dev", never=()) -> Path:
+              eval_split: str = "dev", never=(), hold_out=None) -> Path:
     """Run ``protocols`` over ``datasets`` for every detector (``settings`` go to each detector that has them),
     optionally the TOHA sweeps, a setting sweep and the Lookback Lens cross-model map; merge the rows into
     ``out/results.json``, append ``command`` to ``out/commands.txt`` and write the report. Returns its path."""
@@ -43,7 +43,8 @@ def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list
     bench = Bench(scorer, detectors, options)
     seed_list = list(range(seeds))
     for protocol in protocols:
-        bench.run(protocol, datasets, seeds=seed_list, probe_size=probe_size, eval_split=eval_split, never=never)
+        bench.run(protocol, datasets, seeds=seed_list, probe_size=probe_size, eval_split=eval_split, never=never,
+                  hold_out=hold_out)
     if map_from_model:
         from halwatch.scorer import Scorer
 

@@ -231,12 +231,12 @@ class Bench:
         return row
 
     def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None,
-            eval_split: str = "dev", never=()):
+            eval_split: str = "dev", never=(), hold_out=None):
         """One protocol over datasets (``transfer``: every ordered pair of datasets; ``shape-transfer``: every
         dataset held out of a pooled fit in turn, on its ``eval_split``, and the ``never`` datasets scored by the
-        pooled fit without ever being trained on)."""
+        pooled fit without ever being trained on; ``hold_out``: only these datasets get a held-out fit)."""
         if protocol == "shape-transfer":
-            return self.run_shapes(datasets, eval_split, options, extra, never=never)
+            return self.run_shapes(datasets, eval_split, options, extra, never=never, hold_out=hold_out)
         if protocol == "transfer":
             for source in datasets:
                 for target in datasets:
@@ -259,13 +259,13 @@ class Bench:
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
 
-    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=()):
+    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=(), hold_out=None):
         """Shape transfer: each detector is fitted on the pooled training parts of all ``datasets`` (the train
         split, and the dev split too when ``eval_split`` is ``test``) and scores every dataset's ``eval_split``
         (rows with ``settings.training = "included"``); then, for each dataset with a training part in turn, fitted
         without any of that dataset and scoring it (``"held-out"``). A dataset with no training part (FaithBench:
         evaluation only), or one named in ``never``, is never trained on: its one row is the included model's,
-        marked ``"never"``. Where
+        marked ``"never"``. ``hold_out`` limits the held-out fits to the datasets it names. Where
         several datasets are RAGTruth generators (``ragtruth:GENERATOR``), a ``ragtruth:pooled`` row scores their
         evaluation parts together with the included model; each generator's held-out row is then leave-one-
         generator-out transfer."""
@@ -309,8 +309,8 @@ class Bench:
                     score(det, [name], name, t0, "included" if parts[name][0] else "never")
             if len(generators) > 1:
                 score(det, generators, "ragtruth:pooled", t0, "included")
-            for name in trainable:
-                if not parts[name][1] or len(trainable) < 2:  # nothing else to fit on: no held-out row
+            for name in trainable:  # a lone trained dataset has nothing else to fit on: no held-out row
+                if not parts[name][1] or len(trainable) < 2 or (hold_out is not None and name not in hold_out):
                     continue
                 t0 = time.perf_counter()
                 det, _ = self.fit_score(det_name, probe([n for n in trainable if n != name]), [], options)
