@@ -142,3 +142,36 @@ def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, probe, tmp_pat
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
         np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
+
+
+def test_an_address_where_nothing_listens_fails_at_once(records, tmp_path):
+    """Nothing listens on the address: one line saying so, within a minute, and nothing written (Ray alone retries
+    for many minutes)."""
+    import socket
+
+    with socket.socket() as free:  # a loopback port that nobody listens on once closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, records[:1])
+    started = time.monotonic()
+    done = subprocess.run(_command(path, tmp_path / "out.jsonl", f"127.0.0.1:{port}"), capture_output=True,
+                          text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert done.returncode != 0 and f"cannot join the Ray cluster at 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out.jsonl").exists()
+
+
+def test_gpus_the_cluster_lacks_fail_at_once(cluster, records, tmp_path):
+    """``--device cuda`` asks each actor for a GPU; this cluster has none: one line naming them, within a minute,
+    instead of Ray waiting for the resources forever."""
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, records[:1])
+    started = time.monotonic()
+    done = subprocess.run(_command(path, tmp_path / "out.jsonl", cluster, "--device", "cuda"), capture_output=True,
+                          text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert done.returncode != 0 and "0 GPUs" in done.stderr and "Traceback" not in done.stderr
+    too_many = subprocess.run(_command(path, tmp_path / "out.jsonl", cluster, "--ray-actors", "3", "--ray-cpus", "1"),
+                              capture_output=True, text=True, timeout=120)
+    assert too_many.returncode != 0 and "can place 2 of the 3 actors" in too_many.stderr

@@ -145,12 +145,15 @@ def _add_ray_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--ray-gpus", type=float, default=None,
                    help="Ray: GPUs per actor (default 1 with --device cuda, else 0)")
     p.add_argument("--ray-batch", type=int, default=8, help="Ray: records per Ray batch (default 8)")
+    p.add_argument("--ray-timeout", type=float, default=30,
+                   help="Ray: seconds to wait for the cluster's address to answer (default 30)")
 
 
 def _ray_options(args) -> dict:
     gpus = args.ray_gpus if args.ray_gpus is not None else float(args.device.startswith("cuda"))
     return {"address": None if args.ray == "local" else args.ray, "actors": args.ray_actors,
-            "cpus_per_actor": args.ray_cpus, "gpus_per_actor": gpus, "batch_size": args.ray_batch}
+            "cpus_per_actor": args.ray_cpus, "gpus_per_actor": gpus, "batch_size": args.ray_batch,
+            "timeout": args.ray_timeout}
 
 
 def _score_on_ray(args, artifact: dict) -> int:

@@ -36,9 +36,10 @@ def _ray():
     return ray
 
 
-def connect(address: str | None = None, num_cpus: int | None = None):
+def connect(address: str | None = None, num_cpus: int | None = None, timeout: float = 30):
     """Join the Ray cluster at ``address`` (``host:port``, ``auto``, ``ray://...``), or start a local one when
-    there is none, listening on the loopback address only; a session already connected is kept."""
+    there is none, listening on the loopback address only; a session already connected is kept. An address where
+    nothing answers within ``timeout`` seconds is an error at once (Ray itself would retry for minutes)."""
     local = address in (None, "", "local")
     if local and "ray" not in sys.modules:
         # Ray's single-machine mode: every server of a local cluster binds 127.0.0.1 (read when ray is imported)
@@ -54,11 +55,53 @@ def connect(address: str | None = None, num_cpus: int | None = None):
     if local:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
     else:
+        _check_reachable(address, timeout)
         try:
             ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise HalwatchError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return ray
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """Raise at once when nothing accepts a connection at ``address`` (``host:port`` or ``ray://host[:port]``;
+    ``auto`` is left to Ray) within ``timeout`` seconds."""
+    import socket
+
+    if address == "auto":
+        return
+    where = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = where.rstrip("/").rpartition(":")
+    if not host:
+        host, port = where.rstrip("/"), ("10001" if address.startswith("ray://") else "6379")
+    if not port.isdigit():
+        raise InputError(f"--ray: {address!r} is not an address (host:port, auto or ray://host:port)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise HalwatchError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                            f"({exc.strerror or type(exc).__name__}, after at most {timeout:g} s); is the head node "
+                            f"started (ray start --head) and is the address right?") from None
+
+
+def check_resources(ray, actors: int, cpus: float, gpus: float) -> None:
+    """Raise when the cluster cannot place ``actors`` actors of ``cpus`` CPUs and ``gpus`` GPUs each (Ray would wait
+    for them forever): one line naming what is missing."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
+    fits = 0
+    for res in nodes:
+        by_cpu = int(res.get("CPU", 0) // cpus) if cpus > 0 else actors
+        by_gpu = int(res.get("GPU", 0) // gpus) if gpus > 0 else actors
+        fits += min(by_cpu, by_gpu)
+    if fits >= actors:
+        return
+    total_gpus, total_cpus = sum(r.get("GPU", 0) for r in nodes), sum(r.get("CPU", 0) for r in nodes)
+    if gpus > 0 and total_gpus < gpus:
+        raise HalwatchError(f"the Ray cluster has {total_gpus:g} GPUs and each actor asks for {gpus:g} (--device cuda "
+                            f"asks for one per actor): add GPU nodes, or score on CPUs (--device cpu)")
+    raise HalwatchError(f"the Ray cluster ({len(nodes)} nodes, {total_cpus:g} CPUs, {total_gpus:g} GPUs) can place "
+                        f"{fits} of the {actors} actors asked for ({cpus:g} CPUs and {gpus:g} GPUs each): lower "
+                        f"--ray-actors, --ray-cpus or --ray-gpus")
 
 
 def _plain(value):
@@ -217,7 +260,7 @@ def finished_ids(path: Path) -> set[str]:
 def score_records(records: list[dict], output: str | Path, detector: str | dict = "default",
                   scorer_options: dict | None = None, address: str | None = None, actors: int = 1,
                   cpus_per_actor: float = 1, gpus_per_actor: float = 0, batch_size: int = 8,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, timeout: float = 30) -> dict:
     """Score ``records`` (dicts of the JSONL format, each with an ``id``) on Ray and append each verdict to
     ``output`` in the records' order as it arrives; records whose id is already there are skipped. Returns
     ``{"scored", "skipped", "failed": [{"id", "error"}]}``; failed records are not written (a rerun retries
@@ -233,7 +276,8 @@ def score_records(records: list[dict], output: str | Path, detector: str | dict 
     stats = {"scored": 0, "skipped": len(records) - len(todo), "failed": []}
     if not todo:
         return stats
-    ray = connect(address)
+    ray = connect(address, timeout=timeout)
+    check_resources(ray, actors, cpus_per_actor, gpus_per_actor)
     dataset = ray.data.from_items(_items(todo))
     scored = score_dataset(dataset, detector, scorer_options, actors, cpus_per_actor, gpus_per_actor, batch_size)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -253,14 +297,15 @@ def score_records(records: list[dict], output: str | Path, detector: str | dict 
 
 
 def ray_signals(scorer, samples, request, address: str | None = None, actors: int = 1, cpus_per_actor: float = 1,
-                gpus_per_actor: float = 0, batch_size: int = 8):
+                gpus_per_actor: float = 0, batch_size: int = 8, timeout: float = 30):
     """The signals of ``samples`` for ``request``, computed by Ray actors that load ``scorer``'s model (a
     registered name or a folder every node can read) with its input mode and token cap. In the samples' order."""
     from halwatch.cache import read_signals
     from halwatch.data.jsonl import sample_record
     from halwatch.models import registry
 
-    ray = connect(address)
+    ray = connect(address, timeout=timeout)
+    check_resources(ray, actors, cpus_per_actor, gpus_per_actor)
     rows = _items([{**sample_record(sample), "id": str(i)} for i, sample in enumerate(samples)])
     model = scorer.model.name if scorer.model.name in registry.MODELS else scorer.model.path
     options = {"model": model, "input_mode": scorer.input_mode, "max_tokens": scorer.max_tokens,

@@ -165,10 +165,10 @@ class _AttentionRows:
     def __init__(self, rows: dict[int, tuple[int, int]], keep):
         self.rows, self.keep, self.kept = rows, keep, {}
 
-    def record(self, module, query, key, attention_mask, scaling):
+    def record(self, module, query, key, attention_mask, scaling, softcap=None):
         import torch
 
-        from halwatch.models.masking import masked_scores
+        from halwatch.models.masking import capped, masked_scores
 
         layer = getattr(module, "layer_idx", None)
         if layer not in self.rows:
@@ -177,7 +177,7 @@ class _AttentionRows:
         groups = query.shape[1] // key.shape[1]
         keys = key[0, :, :end].float().repeat_interleave(groups, dim=0)  # [H, end, d] (grouped-query heads)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        scores = torch.matmul(query[0, :, start:end].float(), keys.transpose(-1, -2)) * scale
+        scores = capped(torch.matmul(query[0, :, start:end].float(), keys.transpose(-1, -2)) * scale, softcap)
         mask = None if attention_mask is None else attention_mask[0, :, start:end, :end]
         self.kept[layer] = self.keep(layer, torch.softmax(masked_scores(scores, mask, start), dim=-1))
 

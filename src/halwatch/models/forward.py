@@ -19,7 +19,7 @@ import numpy as np
 
 from halwatch.errors import ModelError
 from halwatch.models import relevance as lrp
-from halwatch.models.masking import masked_scores
+from halwatch.models.masking import capped, explicit_attention, masked_scores
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
@@ -229,7 +229,7 @@ class _Capture:
         """Rows begin at the last prompt token (the query that generates the first response token), or at 0."""
         return 0 if self.request.attention_from == "all" else self.views[b].n_prompt - 1
 
-    def record(self, module, query, key, attention_mask, scaling):
+    def record(self, module, query, key, attention_mask, scaling, softcap=None):
         import torch
 
         layer = getattr(module, "layer_idx", None)
@@ -249,7 +249,7 @@ class _Capture:
             scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
                                   k_sel[b, :, :end].float().transpose(-1, -2))
             mask = None if attention_mask is None else attention_mask[b, :, start - off:end - off, :end]
-            probs = torch.softmax(masked_scores(scores * scaling, mask, start), dim=-1)
+            probs = torch.softmax(masked_scores(capped(scores * scaling, softcap), mask, start), dim=-1)
             rows = Rows(probs, view.n_prompt, view.n_header, start)
             if self.request.keep_attention:
                 kept = probs if self.request.attention_from == "all" else rows.response()
@@ -286,16 +286,22 @@ class _Capture:
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA attention (explicit products while relevance is propagated), plus capture of the requested heads' rows
-    when a capture is active."""
+    """SDPA attention (explicit products while relevance is propagated, or where the logits are soft-capped), plus
+    capture of the requested heads' rows when a capture is active."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    softcap = kwargs.pop("softcap", None)
     capture = _ACTIVE.get()
     if capture is not None:
-        capture.record(module, query.detach(), key.detach(), attention_mask, scaling)
+        capture.record(module, query.detach(), key.detach(), attention_mask, scaling, softcap)
     if lrp.active() is not None:
+        if softcap:
+            raise ModelError(f"{type(module).__name__}: relevance propagation through soft-capped attention logits "
+                             f"(Gemma 2) is not implemented; the other detectors work with this model")
         return lrp.attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                              **kwargs), None
+    if softcap:
+        return explicit_attention(query, key, value, attention_mask, scaling, softcap), None  # SDPA cannot cap
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)
 

@@ -261,7 +261,6 @@ def attention(module, query, key, value, attention_mask, scaling=None, **kwargs)
     quarter of their gradient and ``V`` with half, through PyTorch's fused attention (softmax keeps its plain
     gradient). Under CP-LRP ``Q`` and ``K`` carry no gradient. In a forward-mode pass (no fused kernel supports it)
     the same function is spelt out as explicit products."""
-    import torch
     import torch.autograd.forward_ad as fwad
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -273,22 +272,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, **kwargs)
         query, key = query.detach(), key.detach()
     if not dual:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)[0]
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)
-    value = value.repeat_interleave(groups, dim=1)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    from halwatch.models.masking import masked_scores
+    from halwatch.models.masking import explicit_attention
 
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    n_q, n_k = scores.shape[-2:]
-    mask = None if attention_mask is None else attention_mask[..., :n_k]
-    scores = masked_scores(scores, mask, n_k - n_q)
-    # a padding query of a batch may see no key at all (a sliding window that ends before its answer does): its row
-    # is zero, not the NaN of a softmax over nothing, which would reach the real rows through 0 * NaN
-    dead = torch.isneginf(scores).all(-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(dead, 0.0).float(), dim=-1).masked_fill(dead, 0.0).to(value.dtype)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return explicit_attention(query, key, value, attention_mask, scaling)
 
 
 def targets(logits, views, first: int, target: str):
