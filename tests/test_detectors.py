@@ -72,7 +72,9 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
     assert np.all(np.diff(probs[np.argsort(ranking, kind="stable")]) >= -1e-12)
     assert np.all((probs > 0) & (probs < 1))
     # unsupervised scores are calibrated in sample, supervised methods out of fold (tested in test_calibration.py)
-    assert det.fitted_on["calibration"] == ("out-of-fold" if det.supervised else "in-sample (unsupervised score)")
+    # (folds by source: the probe's RAGTruth answers carry their source ids)
+    assert det.fitted_on["calibration"] == ("out-of-fold, folds by source" if det.supervised
+                                            else "in-sample (unsupervised score)")
     # the threshold was fitted on the probe data: for an unsupervised score it is the best-F1 cut of the probe
     # probabilities (LRP4RAG's is its classifier's own decision boundary instead, tested in test_lrp4rag.py)
     probe_probs = det.score(probe)

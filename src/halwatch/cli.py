@@ -284,7 +284,7 @@ def cmd_calibrate(args) -> int:
     note(f"threshold {report['threshold']:.4f}: on these answers false-positive rate {report['fpr']:.3f}, "
          f"true-positive rate {tpr}")
     if args.target_fpr is not None:
-        note(f"guarantee (split-conformal, {report['n']- report['n_hallucinated']} grounded answers): a new grounded "
+        note(f"guarantee (split-conformal, {report['n_grounded']} grounded answers): a new grounded "
              f"answer like these is flagged with probability at most {report['bound']:.3f} on average over "
              f"calibration sets; for this set the rate lies below {report['fpr_90']:.3f} with 90 % probability. It "
              f"holds only for answers exchangeable with these (same source of questions, generator, template): "

@@ -340,7 +340,8 @@ class Detector:
             threshold = best_f1_threshold(probs, labels)
         else:
             threshold, guarantee = conformal_threshold(probs[labels == 0], target_fpr)
-            report |= {"target_fpr": target_fpr, **guarantee}
+            # the guarantee's n counts the grounded answers: kept apart from the n of all answers
+            report |= {"target_fpr": target_fpr, "n_grounded": guarantee.pop("n"), **guarantee}
         self.calibrator, self.threshold = calibrator, threshold
         self.decision_rule = "f1" if target_fpr is None else f"conformal fpr={target_fpr}"
         flagged = probs >= threshold

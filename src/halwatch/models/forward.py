@@ -428,7 +428,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             }
             if rel.rows:
                 sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)
-        if request.support:
+        if request.support and v.sample is not None:  # views made from token ids alone have no texts to compare
             attach_support(v, sig)
         results.append(sig)
     return results
