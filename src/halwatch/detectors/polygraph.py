@@ -168,7 +168,7 @@ class _AttentionRows:
     def record(self, module, query, key, attention_mask, scaling, softcap=None):
         import torch
 
-        from halwatch.models.masking import capped, masked_scores
+        from halwatch.models.masking import attention_probs
 
         layer = getattr(module, "layer_idx", None)
         if layer not in self.rows:
@@ -177,9 +177,9 @@ class _AttentionRows:
         groups = query.shape[1] // key.shape[1]
         keys = key[0, :, :end].float().repeat_interleave(groups, dim=0)  # [H, end, d] (grouped-query heads)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        scores = capped(torch.matmul(query[0, :, start:end].float(), keys.transpose(-1, -2)) * scale, softcap)
+        scores = torch.matmul(query[0, :, start:end].float(), keys.transpose(-1, -2))
         mask = None if attention_mask is None else attention_mask[0, :, start:end, :end]
-        self.kept[layer] = self.keep(layer, torch.softmax(masked_scores(scores, mask, start), dim=-1))
+        self.kept[layer] = self.keep(layer, attention_probs(scores, scale, softcap, mask, start))
 
 
 def _run(scoring_model, ids: list[int], recorder: _AttentionRows, logits_to_keep: int):

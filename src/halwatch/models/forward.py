@@ -19,7 +19,7 @@ import numpy as np
 
 from halwatch.errors import ModelError
 from halwatch.models import relevance as lrp
-from halwatch.models.masking import capped, explicit_attention, masked_scores
+from halwatch.models.masking import attention_probs, explicit_attention
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
@@ -249,7 +249,7 @@ class _Capture:
             scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
                                   k_sel[b, :, :end].float().transpose(-1, -2))
             mask = None if attention_mask is None else attention_mask[b, :, start - off:end - off, :end]
-            probs = torch.softmax(masked_scores(capped(scores * scaling, softcap), mask, start), dim=-1)
+            probs = attention_probs(scores, scaling, softcap, mask, start)
             rows = Rows(probs, view.n_prompt, view.n_header, start)
             if self.request.keep_attention:
                 kept = probs if self.request.attention_from == "all" else rows.response()

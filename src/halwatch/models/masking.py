@@ -26,6 +26,14 @@ def capped(scores, softcap):
     return scores if not softcap else torch.tanh(scores / softcap) * softcap
 
 
+def attention_probs(scores, scaling, softcap, mask, first_row: int):
+    """The attention weights of raw ``Q K^T`` products: scaled, soft-capped where the model caps (:func:`capped`),
+    masked (:func:`masked_scores`) and normalised. What every capture of attention rows recomputes."""
+    import torch
+
+    return torch.softmax(masked_scores(capped(scores * scaling, softcap), mask, first_row), dim=-1)
+
+
 def explicit_attention(query, key, value, attention_mask, scaling=None, softcap=None):
     """``softmax(cap(Q K^T * scaling) + mask) V`` as explicit products (``[B, H, T, D]`` inputs, grouped keys and
     values repeated), in the ``[B, T, H, D]`` output layout of transformers' attention functions. No mask: the
