@@ -22,7 +22,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 
 @pytest.fixture(scope="module")
 def server(smol):
-    running = Running(build_app(smol, queue_size=4))
+    running = Running(build_app(smol))
     yield running
     running.stop()
 
@@ -157,8 +157,12 @@ def test_api_key_is_required_when_configured(smol):
         running.stop()
 
 
-def test_full_queue_429_timeout_504_and_a_disconnect_stops_generating(smol):
-    app = build_app(smol, queue_size=1, timeout=1.0)
+def test_admission_by_tokens_and_a_disconnect_stops_generating(smol):
+    """Admission control by tokens of model work: a request that does not fit beside the work queued is refused at
+    once (429, Retry-After), one larger than the whole queue is 413, and so is one whose estimated model time alone
+    passes the time limit (at once, rather than 504 after waiting); a streaming client that goes away stops the
+    generation."""
+    app = build_app(smol, queue_tokens=2000, timeout=600)
     running = Running(app)
     long = {"messages": [{"role": "user", "content": "Write the numbers from 1 to 1000, one per line."}],
             "temperature": 0, "max_tokens": 1500, "stream": True}
@@ -167,17 +171,29 @@ def test_full_queue_429_timeout_504_and_a_disconnect_stops_generating(smol):
             lines = stream.iter_lines()
             got = [next(lines) for _ in range(6)]  # generation is under way
             assert all(line.startswith("data: ") or not line for line in got)
-            busy = httpx.post(running.url + "/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2})
-            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            t0 = time.perf_counter()
+            busy = httpx.post(running.url + "/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 600})
+            assert time.perf_counter() - t0 < 1.0
+            assert busy.status_code == 429 and int(busy.headers["retry-after"]) >= 1
             assert busy.json()["error"]["type"] == "rate_limit_error"
         # the client went away: the model thread stops well before 1500 tokens and takes the next request
         deadline = time.time() + 10
-        while app.state.chat.worker.waiting and time.time() < deadline:
+        while app.state.chat.worker.queued and time.time() < deadline:
             time.sleep(0.05)
-        assert app.state.chat.worker.waiting == 0
+        assert app.state.chat.worker.queued == 0
+        huge = httpx.post(running.url + "/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 1999})
+        assert huge.status_code == 413 and "whole queue" in huge.json()["error"]["message"]
+        assert httpx.post(running.url + "/v1/chat/completions",
+                          json={"messages": QUESTION, "max_tokens": 2}).status_code == 200
+    finally:
+        running.stop()
+    running = Running(build_app(smol, timeout=1.0))
+    try:
+        t0 = time.perf_counter()
         slow = httpx.post(running.url + "/v1/chat/completions", timeout=60,
                           json={"messages": long["messages"], "temperature": 0, "max_tokens": 1500})
-        assert slow.status_code == 504 and "within" in slow.json()["error"]["message"]
+        assert time.perf_counter() - t0 < 1.0
+        assert slow.status_code == 413 and "past the 1 s limit" in slow.json()["error"]["message"]
     finally:
         running.stop()
 

@@ -445,19 +445,20 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from halwatch.serve.common import api_key_from, check_bind, serve
+    from halwatch.serve.common import api_key_from, check_bind, configure_access_log, serve
     from halwatch.serve.scoring import Limits, build_app
 
     key = api_key_from(args.api_key_env)
     check_bind(args.host, key, args.insecure)
+    configure_access_log(args.access_log)
     limits = Limits(max_items=args.max_items, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                     batch_padding=args.batch_padding,
-                    batch_wait=args.batch_wait_ms / 1000, queue_size=args.queue_size, timeout=args.timeout)
+                    batch_wait=args.batch_wait_ms / 1000, queue_tokens=args.queue_tokens, timeout=args.timeout)
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
                     upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,
                     device=args.device, dtype=args.dtype)
-    serve(app, args.host, args.port,
+    serve(app, args.host, args.port, drain_seconds=args.drain_timeout or args.timeout,
           on_started=lambda h, p: note(f"halwatch serve at http://{h}:{p} (page /, API /docs; Ctrl-C or SIGTERM "
                                        f"stops)"))
     return 0
@@ -658,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "the default (default: the shipped 'default')")
     from halwatch.serve.common import add_server_options
 
-    add_server_options(p, port=8080, timeout=120.0, queue_size=256, max_body_bytes=4 << 20)
+    add_server_options(p, port=8080, timeout=120.0, queue_tokens=1 << 18, max_body_bytes=4 << 20)
     p.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible LLM (http://HOST:PORT/v1) to guard: "
                                                      "POST /v1/chat/completions is forwarded and its answer scored")
     p.add_argument("--upstream-key-env", metavar="VAR", help="the upstream's API key, from this environment variable")

@@ -166,6 +166,10 @@ def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[in
     return ids, fixed
 
 
+#: Characters kept per token of the cap before a very long context is tokenized (see :func:`encode`).
+PRECUT_CHARS_PER_TOKEN = 64
+
+
 def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS) -> TokenView:
     """Tokenize ``sample`` for the scoring model, cutting the context from its left end to fit ``max_tokens``.
 
@@ -177,18 +181,26 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
     resp_ids, offsets = _response_tokens(tokenizer, sample.response)
     if len(resp_ids) >= max_tokens:
         raise InputError(
-            f"the response alone has {len(resp_ids)} tokens, over the cap of {max_tokens - 1} "
-            f"(raise --max-tokens)",
+            f"the response alone has {len(resp_ids)} tokens, over the cap of {max_tokens - 1} of the scoring model "
+            f"(halwatch score and fit take --max-tokens)",
             sample.where,
         )
     prompt = sample.prompt
     ctx_start, ctx_end = sample.context_span or (0, len(prompt))
-    cut = 0
+    # A context far longer than the cap loses its left part before it is tokenized (so that a megabyte of context
+    # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
+    # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
+    # way is estimated from the characters per token of what is kept.
+    cut = precut = max(0, ctx_end - ctx_start - max_tokens * PRECUT_CHARS_PER_TOKEN)
+    if precut:
+        space = prompt.find(" ", ctx_start + precut, ctx_end)
+        cut = precut = (space - ctx_start) if space > 0 else precut
     n_whole = None
     while True:
         text = prompt[:ctx_start] + prompt[ctx_start + cut :]
         prompt_ids = _prompt_ids(tokenizer, text, input_mode)
-        n_whole = len(prompt_ids) if n_whole is None else n_whole
+        if n_whole is None:
+            n_whole = len(prompt_ids) + round(precut * len(prompt_ids) / max(1, len(text)))
         excess = len(prompt_ids) + len(resp_ids) - max_tokens
         if excess <= 0:
             break

@@ -80,8 +80,8 @@ def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), 
     for b in batch_sizes:
         result["in_process"][b] = _in_process(det, items, b)
         out(f"in process, batch {b}: {result['in_process'][b]:.2f} answers/s")
-    servers = {"batched": Limits(batch_size=batch_size, queue_size=4 * n, timeout=3600),
-               "one_at_a_time": Limits(batch_size=1, batch_wait=0.0, queue_size=4 * n, timeout=3600)}
+    servers = {"batched": Limits(batch_size=batch_size, queue_tokens=1 << 24, timeout=3600),
+               "one_at_a_time": Limits(batch_size=1, batch_wait=0.0, queue_tokens=1 << 24, timeout=3600)}
     for name, limits in servers.items():
         app = build_app([detector], limits=limits, models={model.name: model})
         running = Running(app)

@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from halwatch.errors import HalwatchError
-from halwatch.serve.common import ApiError, ServerState, Worker, create_app
+from halwatch.serve.common import ApiError, ServerState, Worker, create_app, watch_disconnect
 
 #: ``max_tokens`` when a request gives none, and the most a request may ask for.
 DEFAULT_MAX_TOKENS = 256
@@ -107,7 +107,7 @@ def _logprobs(choice, top: int) -> dict:
 class ChatServer:
     """The routes of one local model. ``scoring_model``: a loaded model, or the name or folder to load at start."""
 
-    def __init__(self, model, queue_size: int = 16, timeout: float = 300.0, device: str = "auto",
+    def __init__(self, model, queue_tokens: int = 32768, timeout: float = 300.0, device: str = "auto",
                  dtype: str = "auto", quirks=()):
         unknown = set(quirks) - set(QUIRKS)
         if unknown:
@@ -115,7 +115,7 @@ class ChatServer:
         self.quirks = frozenset(quirks)
         self.model_spec, self.scoring_model = model, None if isinstance(model, str) else model
         self.device, self.dtype = device, dtype
-        self.worker = Worker(queue_size)
+        self.worker = Worker(queue_tokens, timeout)
         self.timeout = timeout
 
     @property
@@ -127,10 +127,15 @@ class ChatServer:
             from halwatch.models.loader import load_model
 
             self.scoring_model = load_model(self.model_spec, device=self.device, dtype=self.dtype)
+        # one short generation: the first request does not pay for the first pass, and admission control starts
+        # from a measured seconds-per-token
+        warm = ChatRequest(messages=[{"role": "user", "content": "Say hello."}], max_tokens=4, temperature=0)
+        self._generate(warm, cost=self._check(warm))
 
-    def _check(self, request: ChatRequest) -> None:
+    def _check(self, request: ChatRequest) -> int:
         """Refuse what can be refused before the model runs: another model's name (404), a chat with no text or
-        one that does not fit the model (400)."""
+        one that does not fit the model (400). The request's cost for admission: its prompt tokens and the tokens
+        it may generate (``n`` x ``max_tokens``)."""
         from halwatch.models.chat import chat_prompt_ids
 
         if request.model not in (None, "", "default", self.name):
@@ -151,26 +156,32 @@ class ChatServer:
         if len(ids) + request.token_cap() > limit:
             raise ApiError(400, f"the chat has {len(ids)} tokens: with max_tokens {request.token_cap()} it passes "
                                 f"the model's {limit} positions", "context_length_exceeded", "messages")
+        return len(ids) + request.n * request.token_cap()
 
-    def _generate(self, request: ChatRequest, on_text=None, cancel=None):
+    def _generate(self, request: ChatRequest, on_text=None, cancel=None, cost: int = 0):
         from halwatch.models.chat import complete_chat
 
-        return complete_chat(self.scoring_model, [m.as_dict() for m in request.messages], n=request.n,
-                             temperature=request.temperature, top_p=request.top_p, max_tokens=request.token_cap(),
-                             stop=request.stop or (), seed=request.seed,
-                             top_logprobs=request.top_logprobs or 0, on_text=on_text, cancel=cancel)
+        t0 = time.perf_counter()
+        try:
+            return complete_chat(self.scoring_model, [m.as_dict() for m in request.messages], n=request.n,
+                                 temperature=request.temperature, top_p=request.top_p,
+                                 max_tokens=request.token_cap(), stop=request.stop or (), seed=request.seed,
+                                 top_logprobs=request.top_logprobs or 0, on_text=on_text, cancel=cancel)
+        finally:
+            if cancel is None or not cancel.is_set():
+                self.worker.measured(cost, time.perf_counter() - t0)
 
     def _head(self, completion_id: str, created: int, kind: str) -> dict:
         return {"id": completion_id, "object": kind, "created": created, "model": self.name,
                 "system_fingerprint": f"halwatch-{self.name}"}
 
     async def complete(self, request: ChatRequest, http_request) -> dict:
-        self._check(request)
+        cost = self._check(request)
         cancel = threading.Event()
-        self.worker.admit()
-        job = asyncio.ensure_future(self.worker.run(self._generate, request, None, cancel))
-        job.add_done_callback(lambda _: self.worker.release())
-        watch = asyncio.ensure_future(_watch_disconnect(http_request, cancel))
+        self.worker.admit(cost)
+        job = asyncio.ensure_future(self.worker.run(self._generate, request, None, cancel, cost))
+        job.add_done_callback(lambda _: self.worker.release(cost))
+        watch = asyncio.ensure_future(watch_disconnect(http_request, cancel.set))
         try:
             result = await asyncio.wait_for(asyncio.shield(job), self.timeout)
         except asyncio.TimeoutError:
@@ -196,8 +207,8 @@ class ChatServer:
     async def stream(self, request: ChatRequest):
         """The server-sent events of a streamed completion (an async iterator of ``data:`` lines). The request is
         admitted (or refused with 429) before the first byte goes out."""
-        self._check(request)
-        self.worker.admit()
+        cost = self._check(request)
+        self.worker.admit(cost)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -205,10 +216,10 @@ class ChatServer:
         def on_text(index: int, delta: str) -> None:
             loop.call_soon_threadsafe(events.put_nowait, ("text", index, delta))
 
-        job = asyncio.ensure_future(self.worker.run(self._generate, request, on_text, cancel))
+        job = asyncio.ensure_future(self.worker.run(self._generate, request, on_text, cancel, cost))
 
         def finished(_):
-            self.worker.release()
+            self.worker.release(cost)
             events.put_nowait(("done", None, None))
 
         job.add_done_callback(finished)
@@ -246,16 +257,7 @@ class ChatServer:
             cancel.set()  # the client went away (or all is sent): stop generating
 
 
-async def _watch_disconnect(http_request, cancel: threading.Event, every: float = 0.25) -> None:
-    """Set ``cancel`` when the client of a plain (not streamed) request disconnects."""
-    while not cancel.is_set():
-        if await http_request.is_disconnected():
-            cancel.set()
-            return
-        await asyncio.sleep(every)
-
-
-def build_app(model, api_key: str | None = None, queue_size: int = 16, timeout: float = 300.0,
+def build_app(model, api_key: str | None = None, queue_tokens: int = 32768, timeout: float = 300.0,
               max_body_bytes: int = 1 << 20, device: str = "auto", dtype: str = "auto", quirks=()):
     """The serve-llm app: ``model`` is a loaded :class:`~halwatch.models.loader.ScoringModel` or a name/folder
     loaded at start-up on ``device`` in ``dtype`` (the server is ready once it is); ``quirks``: see
@@ -264,7 +266,7 @@ def build_app(model, api_key: str | None = None, queue_size: int = 16, timeout: 
 
     from prometheus_client import Gauge
 
-    server = ChatServer(model, queue_size, timeout, device, dtype, quirks)
+    server = ChatServer(model, queue_tokens, timeout, device, dtype, quirks)
     state = ServerState(name="serve-llm")
 
     @asynccontextmanager
@@ -277,8 +279,8 @@ def build_app(model, api_key: str | None = None, queue_size: int = 16, timeout: 
 
     app = create_app(state, api_key=api_key, max_body_bytes=max_body_bytes, lifespan=lifespan, invalid_status=400,
                      title="halwatch serve-llm", summary="A local model behind the OpenAI chat-completions API")
-    Gauge("halwatch_queue_depth", "Requests waiting for or using the model", registry=state.registry
-          ).set_function(lambda: server.worker.waiting)
+    Gauge("halwatch_queued_tokens", "Tokens of model work admitted and not yet finished", registry=state.registry
+          ).set_function(lambda: server.worker.queued)
 
     @app.get("/v1/models")
     async def models():

@@ -14,39 +14,67 @@
 - ``POST /v1/chat/completions`` with ``--upstream``: the guard proxy (:mod:`halwatch.serve.guard`).
 - ``GET /``: a web page to try it.
 
-Scoring goes through one worker: requests wait in a bounded queue (429 beyond it); the batcher takes as many queued
-answers as fit a batch (``batch_size`` answers, ``batch_tokens`` padded tokens, answers of similar length so that
-at most ``batch_padding`` of the positions are padding) or arrive within ``batch_wait`` seconds, and scores them
-with one padded forward pass per scoring model off the event loop.
+Scoring goes through one worker. A request is admitted when its tokens fit the queue (``queue_tokens``) and, at the
+seconds per token the worker has measured, it can be answered within ``timeout``; otherwise it is refused at once
+(429 with ``Retry-After``; 413 when it is larger than the whole queue). Answers of clients that went away are dropped
+before they are scored. The batcher takes as many queued answers as fit a batch (``batch_size`` answers,
+``batch_tokens`` padded tokens, answers of similar length so that at most ``batch_padding`` of the positions are
+padding) or arrive within ``batch_wait`` seconds, and scores them with one padded forward pass per scoring model off
+the event loop. Requests are tokenized off the event loop too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from fastapi import Body, Request
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from halwatch.errors import HalwatchError, InputError
-from halwatch.serve.common import ApiError, ServerState, Worker, create_app
+from halwatch.serve.common import ApiError, ServerState, Worker, create_app, errors, watch_disconnect
 
 OFFSET_UNIT = "unicode_code_point"
 
 
-class ScoreItem(BaseModel):
-    """One answer to score."""
+#: A string with at least one character that is not white space.
+Text = Annotated[str, Field(pattern=r"\S")]
 
-    model_config = ConfigDict(extra="forbid")
-    id: str | int | None = None
-    context: str | None = None
-    contexts: list[str] | None = Field(None, min_length=1)
-    question: str | None = None
-    task: str | None = None
-    prompt: str | None = None
-    response: str
-    detector: str | None = None
+
+def _given(*fields: str) -> dict:
+    """JSON Schema: ``fields`` are present and not null."""
+    return {"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
+
+
+_TASK_RULES = [
+    # the qa template needs a question; data2text's takes none (a given ``prompt`` makes the task moot)
+    {"if": {"properties": {"task": {"const": "qa"}}, "required": ["task"], "not": _given("prompt")},
+     "then": {"required": ["question"], "properties": {"question": {"type": "string", "minLength": 1}}}},
+    {"if": {"properties": {"task": {"const": "data2text"}}, "required": ["task"], "not": _given("prompt")},
+     "then": {"properties": {"question": {"anyOf": [{"type": "null"}, {"maxLength": 0}]}}}},
+]
+
+
+class ScoreItem(BaseModel):
+    """One answer to score: ``response`` and either ``prompt`` or ``context`` / ``contexts`` (not both), with
+    ``question`` where the task has one. Absent and null fields are the same."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "anyOf": [_given("prompt"), _given("context"), _given("contexts")],
+        "not": _given("context", "contexts"), "allOf": _TASK_RULES})
+    id: str | int | None = Field(None, description="returned with the result (default: the item's index)")
+    context: Text | None = Field(None, description="the retrieved context the answer should rest on")
+    contexts: list[Text] | None = Field(None, min_length=1, description="several passages, joined by blank lines")
+    question: str | None = Field(None, description="the question (task qa; optional for summary and dialogue)")
+    task: Literal["qa", "summary", "dialogue", "data2text"] | None = Field(
+        None, description="the template the context is rendered with (default: qa with a question, else summary)")
+    prompt: Text | None = Field(None, description="the whole prompt, instead of context and question")
+    response: Text = Field(description="the answer to score")
+    detector: str | None = Field(None, description="a loaded detector (GET /v1/detectors; default: the server's "
+                                                   "default)")
 
     def sample(self, index: int):
         from halwatch.sample import Sample
@@ -111,8 +139,15 @@ def parse_items(body) -> list[ScoreItem]:
             where = ".".join(str(x) for x in first["loc"])
             name = f"item {i}" if many else "the item"
             param = f"[{i}].{where}" if many else where
-            raise ApiError(422, f"{name}: {where or 'body'}: {first['msg']}", "invalid_item", param) from None
+            problem = (f"empty {where} (white space only)" if first["type"] == "string_pattern_mismatch"
+                       else f"{where or 'body'}: {first['msg']}")
+            raise ApiError(422, f"{name}: {problem}", "invalid_item", param) from None
     return items
+
+
+#: What one answer costs beyond its tokens, in tokens (the fixed part of a forward pass and of the detector's
+#: work: about 0.09 s against 0.0018 s per token for the default on a 2-core CPU).
+ANSWER_OVERHEAD_TOKENS = 64
 
 
 @dataclass
@@ -123,6 +158,13 @@ class _Job:
     view: object
     future: asyncio.Future
     tokens: int = 0
+    queued_at: float = 0.0
+    waited: float = 0.0
+    computed: float = 0.0
+
+    @property
+    def cost(self) -> int:
+        return self.tokens + ANSWER_OVERHEAD_TOKENS
 
 
 def pick_batch(lengths: list[int], size: int, tokens: int, padding: float) -> list[int]:
@@ -159,7 +201,7 @@ class Limits:
     batch_tokens: int = 8192
     batch_padding: float = 0.1
     batch_wait: float = 0.005
-    queue_size: int = 256
+    queue_tokens: int = 1 << 18
     timeout: float = 120.0
 
 
@@ -173,12 +215,14 @@ class ScoringService:
         self.models = models or {}  # already loaded scoring models, by name
         self.limits = limits or Limits()
         self.detectors: dict[str, object] = {}
-        self.worker = Worker(self.limits.queue_size)
+        self.worker = Worker(self.limits.queue_tokens, self.limits.timeout)
+        self.tokenizing = None  # one thread that tokenizes requests off the event loop (set by ``load``)
         self.queue: asyncio.Queue | None = None
         self.watch = watch
         self.batch_sizes: list[int] = []
         self.batch_size = self.limits.batch_size or 1  # resolved by ``load`` when the limits leave it to the device
         self.on_batch = None
+        self.on_job = None  # called with (job, result) for every answer scored (metrics)
 
     @property
     def default(self) -> str:
@@ -204,6 +248,17 @@ class ScoringService:
             self.batch_size = BATCH_SIZE.get(device, 8)
         for scorer in scorers.values():
             scorer.batch_size = self.batch_size  # a batch of the batcher is one forward pass
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Score one short example with every detector, so that the first request does not pay for the first
+        pass, and admission control starts from a measured seconds-per-token."""
+        for detector in self.detectors.values():
+            view = detector._scorer().encode(ScoreItem.model_validate(EXAMPLE).sample(0))
+            job = _Job(detector, view, None, len(view.input_ids))
+            t0 = time.perf_counter()
+            self.compute([job])
+            self.worker.measured(job.cost, time.perf_counter() - t0)
 
     def describe(self) -> list[dict]:
         out = []
@@ -215,9 +270,6 @@ class ScoringService:
 
     def prepare(self, items: list[ScoreItem]) -> list[tuple[object, object]]:
         """``(detector, token view)`` of every item, or the refusal of the whole request naming the item."""
-        if len(items) > self.limits.max_items:
-            raise ApiError(413, f"{len(items)} items in one request: the limit is {self.limits.max_items}",
-                           "too_many_items")
         prepared = []
         for i, item in enumerate(items):
             name = item.detector or self.default
@@ -232,24 +284,44 @@ class ScoringService:
             prepared.append((detector, view))
         return prepared
 
-    async def score_body(self, body) -> list[dict]:
+    async def score_body(self, body, http_request=None) -> list[dict]:
         """The results of a /v1/score body (one item object, or a list of them) as a list."""
-        return await self.score(parse_items(body))
+        return await self.score(parse_items(body), http_request)
 
-    async def score(self, items: list[ScoreItem]) -> list[dict]:
-        prepared = self.prepare(items)
-        self.worker.admit(len(prepared))
+    async def score(self, items: list[ScoreItem], http_request=None) -> list[dict]:
+        """The results of ``items``, or a refusal: tokenized off the event loop, admitted by their tokens, and
+        dropped from the queue when the client of ``http_request`` goes away."""
+        if len(items) > self.limits.max_items:
+            raise ApiError(413, f"{len(items)} items in one request: the limit is {self.limits.max_items}",
+                           "too_many_items")
+        self.worker.check(len(items) * ANSWER_OVERHEAD_TOKENS)  # a busy server refuses before it tokenizes
         loop = asyncio.get_running_loop()
-        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids)) for det, view in prepared]
+        prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
+        now = loop.time()
+        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids), now) for det, view in prepared]
+        cost = sum(job.cost for job in jobs)
+        facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
+        facts.update(items=len(jobs), tokens=sum(job.tokens for job in jobs))
+        self.worker.admit(cost)
         for job in jobs:
-            job.future.add_done_callback(lambda _: self.worker.release())
+            job.future.add_done_callback(lambda _, c=job.cost: self.worker.release(c))
             self.queue.put_nowait(job)
+
+        def give_up():
+            for job in jobs:
+                job.future.cancel()
+
+        watch = asyncio.ensure_future(watch_disconnect(http_request, give_up)) if http_request is not None else None
         try:
             return await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), self.limits.timeout)
         except asyncio.TimeoutError:
-            for job in jobs:
-                job.future.cancel()
+            give_up()
             raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
+        finally:
+            if watch is not None:
+                watch.cancel()
+            facts.update(queue_wait_s=round(max(j.waited for j in jobs), 4),
+                         compute_s=round(max(j.computed for j in jobs), 4))
 
     async def batcher(self) -> None:
         """Take queued answers into batches and score each batch on the model thread, until cancelled. Answers
@@ -280,6 +352,9 @@ class ScoringService:
             batch = [pending[i] for i in chosen]
             taken = set(chosen)
             pending = [j for i, j in enumerate(pending) if i not in taken]
+            started = loop.time()
+            for job in batch:
+                job.waited = started - job.queued_at
             try:
                 results = await self.worker.run(self.compute, batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
@@ -287,7 +362,12 @@ class ScoringService:
                     if not job.future.done():
                         job.future.set_exception(exc)
                 continue
+            elapsed = loop.time() - started
+            self.worker.measured(sum(job.cost for job in batch), elapsed)
             for job, result in zip(batch, results):
+                job.computed = elapsed
+                if self.on_job is not None:
+                    self.on_job(job, result)
                 if not job.future.done():
                     job.future.set_result(result)
 
@@ -323,13 +403,40 @@ class ScoringService:
         target = self.watch.get("target") or "local:smollm2-135m"
         loaded = {d._scorer().model.name: d._scorer().model for d in self.detectors.values()}
         options = {"scoring_model": loaded[target[6:]]} if target.removeprefix("local:") in loaded else {}
-        self.worker.admit()
+        cost = WATCH_CHECK_TOKENS
+        self.worker.admit(cost)
         try:
             return await self.worker.run(lambda: check(query, self.watch["store"], target, client_options=options))
         except HalwatchError as exc:
             raise ApiError(400, str(exc), "watch_error") from None
         finally:
-            self.worker.release()
+            self.worker.release(cost)
+
+
+#: What one HalMit check costs the worker, in tokens of scoring (it samples a few short answers).
+WATCH_CHECK_TOKENS = 2048
+
+
+class DetectorInfo(BaseModel):
+    """A loaded detector: its name, method, threshold, scoring model and what it was fitted on."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    method: str
+    default: bool
+    threshold: float | None = None
+
+
+class DetectorList(BaseModel):
+    default: str
+    detectors: list[DetectorInfo]
+
+
+class WatchVerdict(BaseModel):
+    """HalMit's verdict on a query (Algorithm 1): ``hallucination``, the ``case`` that decided it, the neighbours."""
+
+    model_config = ConfigDict(extra="allow")
+    hallucination: bool
 
 
 class WatchQuery(BaseModel):
@@ -346,14 +453,17 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
     ``device`` and ``dtype``: where and in which precision the others load."""
     from contextlib import asynccontextmanager
 
-    from prometheus_client import Gauge, Histogram
+    from prometheus_client import Counter, Gauge, Histogram
 
     service = ScoringService(detectors, limits, watch, models, device=device, dtype=dtype)
     state = ServerState(name="halwatch serve")
 
     @asynccontextmanager
     async def lifespan(app):
+        from concurrent.futures import ThreadPoolExecutor
+
         await asyncio.to_thread(service.load)
+        service.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="halwatch-tokenize")
         service.queue = asyncio.Queue()
         task = asyncio.create_task(service.batcher())
         guard = None
@@ -368,32 +478,76 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
         if guard is not None:
             await guard.aclose()
         service.worker.close()
+        service.tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = create_app(state, api_key=api_key, max_body_bytes=max_body_bytes, lifespan=lifespan,
                      title="halwatch serve", summary="Is an answer supported by its context, and which words are not")
     batch_sizes = Histogram("halwatch_batch_size", "Answers per forward batch", registry=state.registry,
                             buckets=(1, 2, 4, 8, 16, 32, 64))
     service.on_batch = batch_sizes.observe
-    Gauge("halwatch_queue_depth", "Answers queued or being scored", registry=state.registry
-          ).set_function(lambda: service.worker.waiting)
+    Gauge("halwatch_queued_tokens", "Tokens of answers admitted and not yet scored", registry=state.registry
+          ).set_function(lambda: service.worker.queued)
+    Gauge("halwatch_seconds_per_token", "Measured model time per queued token (admission control's estimate)",
+          registry=state.registry).set_function(lambda: service.worker.rate or 0.0)
+    seconds = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+    waits = Histogram("halwatch_queue_wait_seconds", "Time an answer waited for the model", registry=state.registry,
+                      buckets=seconds)
+    computes = Histogram("halwatch_compute_seconds", "Time of the forward batch that scored an answer",
+                         registry=state.registry, buckets=seconds)
+    verdicts = Counter("halwatch_verdicts", "Answers scored, by detector and verdict", ["detector", "verdict"],
+                       registry=state.registry)
 
-    @app.post("/v1/score", response_model=ScoreResult | list[ScoreResult])
-    async def score(body: dict | list = Body(..., examples=[EXAMPLE])):
-        """Score one item (an object: a result comes back) or a list of items (a list of results, in order)."""
-        results = await service.score_body(body)
+    def observe(job, result):
+        waits.observe(job.waited)
+        computes.observe(job.computed)
+        verdicts.labels(result["detector"], "hallucinated" if result["hallucinated"] else "supported").inc()
+
+    service.on_job = observe
+
+    ref = {"$ref": "#/components/schemas/ScoreItem"}
+    body_schema = {"anyOf": [ref, {"type": "array", "items": ref, "minItems": 1,
+                                   "maxItems": service.limits.max_items}]}
+
+    def document_items(doc: dict) -> None:
+        item = ScoreItem.model_json_schema(ref_template="#/components/schemas/{model}")
+        item["properties"]["detector"] = {"anyOf": [{"enum": service.names}, {"type": "null"}],
+                                          "description": item["properties"]["detector"].get("description", "")}
+        doc["components"]["schemas"]["ScoreItem"] = item
+
+    app.state.openapi_patches.append(document_items)
+
+    @app.post("/v1/score", response_model=ScoreResult | list[ScoreResult], responses=errors(413, 422, 429, 504),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": body_schema, "example": EXAMPLE}}}})
+    async def score(request: Request):
+        """Score one item (an object: a result comes back) or a list of items (a list of results, in order).
+        Refused at once with 429 and Retry-After when it cannot be answered within the server's time limit."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON (UTF-8)", "invalid_json") from None
+        results = await service.score_body(body, request)
         return results if isinstance(body, list) else results[0]
 
-    @app.get("/v1/detectors")
+    @app.get("/v1/detectors", response_model=DetectorList, responses=errors())
     async def detectors_route():
+        """The loaded detectors, the default first, with what each was fitted on."""
         return {"default": service.default, "detectors": service.describe()}
 
-    @app.post("/v1/watch/check")
+    @app.post("/v1/watch/check", response_model=WatchVerdict, responses=errors(404, 422, 429),
+              include_in_schema=bool(watch))
     async def watch_check(body: WatchQuery):
         """HalMit (Algorithm 1): is this query likely to make the watched agent hallucinate?"""
         return await service.check(body.query)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=errors(404, 413, 422, 429, 502, 504), include_in_schema=bool(upstream),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                  "type": "object", "required": ["messages"], "properties": {
+                      "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                      "halwatch_context": {"anyOf": [{"type": "string"}, {"type": "array",
+                                                                          "items": {"type": "string"}}]}}}}}}})
     async def chat(request: Request):
+        """The guard: the chat completion of the upstream LLM, with the verdict on its answer (``halwatch``)."""
         guard = getattr(app.state, "guard", None)
         if guard is None:
             raise ApiError(404, "no upstream LLM is configured here (halwatch serve --upstream URL)", "no_upstream")

@@ -170,14 +170,15 @@ def cmd_watch(args) -> int:
     elif args.watch_cmd == "curve":
         print(json.dumps(run.curves(args.store, args.last, args.out), indent=1))
     elif args.watch_cmd == "serve-llm":
-        from halwatch.serve.common import api_key_from, check_bind, serve
+        from halwatch.serve.common import api_key_from, check_bind, configure_access_log, serve
         from halwatch.serve.llm import build_app
 
         key = api_key_from(args.api_key_env)
         check_bind(args.host, key, args.insecure)
-        app = build_app(args.model, api_key=key, queue_size=args.queue_size, timeout=args.timeout,
+        configure_access_log(args.access_log)
+        app = build_app(args.model, api_key=key, queue_tokens=args.queue_tokens, timeout=args.timeout,
                         max_body_bytes=args.max_body_bytes, device=args.device, dtype=args.dtype,
                         quirks=args.mimic)
-        serve(app, args.host, args.port,
+        serve(app, args.host, args.port, drain_seconds=args.drain_timeout or args.timeout,
               on_started=lambda h, p: note(f"serving {args.model} at http://{h}:{p}/v1 (Ctrl-C or SIGTERM stops)"))
     return 0
