@@ -101,7 +101,7 @@ def test_a_long_context_is_cut_and_says_so(service, probe):
     ({**INSULIN, "response": "r", "colour": "blue"}, 422, "colour"),
     ([], 422, "empty list"),
     ("just text", 422, "valid dictionary"),
-    ([{**INSULIN, "response": "r"}] * 17, 413, "limit is 16"),
+    ([{**INSULIN, "response": "r"}] * 17, 422, "limit is 16"),
     ({**INSULIN, "response": "word " * 1100}, 422, "over the cap"),
 ])
 def test_bad_input_is_refused_with_a_clear_message(service, body, status, words):
@@ -125,7 +125,7 @@ def test_clients_raise_typed_errors(service):
     with Client(service.url) as client:
         with pytest.raises(BadRequest, match="empty response"):
             client.score(**INSULIN, response=" ")
-        with pytest.raises(TooLarge, match="limit is 16"):
+        with pytest.raises(BadRequest, match="limit is 16"):
             client.score([{**INSULIN, "response": "r"}] * 20)
 
     async def go():
@@ -182,8 +182,8 @@ def test_overload_is_refused_at_once_never_left_to_time_out(smol):
 
             _raise_for(busy)
         assert err.value.retry_after >= 1
-        huge = httpx.post(running.url + "/v1/score", json=[{**INSULIN, "response": "Beta cells. " * 200}] * 64)
-        assert huge.status_code == 413 and "even on an idle server" in huge.json()["error"]["message"]
+        with pytest.raises(TooLarge, match="even on an idle server"):  # no retry could ever help it
+            Client(running.url).score([{**INSULIN, "response": "Beta cells. " * 200}] * 64)
         metrics = httpx.get(running.url + "/metrics").text
         assert "halwatch_queue_wait_seconds_count" in metrics and 'verdict="supported"' in metrics
         assert httpx.get(running.url + "/health/ready").status_code == 200
@@ -208,32 +208,87 @@ def test_fifty_clients_ten_requests_each(service):
     assert httpx.get(service.url + "/health/ready").status_code == 200
 
 
-def test_sigterm_drains_a_request_in_flight():
-    proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0"], stderr=subprocess.PIPE,
-                            text=True, env={**os.environ})
+def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
+    """`halwatch serve` as a process: a 3.9 MB context is tokenized off the event loop (the readiness probe answers
+    within 100 ms throughout) and cut to fit; a chunked 5 MB body is 413; each request leaves one JSON access-log
+    line without the texts; SIGTERM with 16 requests in flight answers every one of them."""
+    log_path = tmp_path / "access.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0", "--access-log", str(log_path)],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         lines = []
         while not lines or "halwatch serve at" not in lines[-1]:
             lines.append(proc.stderr.readline())
             assert lines[-1], "".join(lines)
         base = lines[-1].split(" at ", 1)[1].split()[0]
+
+        context = ("The Eiffel Tower in Paris was completed in 1889 and was designed by the company of Gustave "
+                   "Eiffel. " * 40_000)[:3_900_000]
+        result, probes = {}, []
+
+        def big():
+            result["reply"] = httpx.post(base + "/v1/score", timeout=120, json={
+                "context": context, "question": "When was it completed?", "response": "It was completed in 1889."})
+
+        asker = threading.Thread(target=big)
+        asker.start()
+        with httpx.Client(timeout=10) as http:
+            while asker.is_alive():
+                t0 = time.perf_counter()
+                assert http.get(base + "/health/ready").status_code == 200
+                probes.append(time.perf_counter() - t0)
+                time.sleep(0.01)
+        asker.join()
+        assert result["reply"].status_code == 200 and result["reply"].json()["truncated"] > 1_000_000
+        assert len(probes) >= 3 and max(probes) < 0.1, probes
+
+        def chunks():
+            for _ in range(5):
+                yield b" " * (1 << 20)
+
+        chunked = httpx.post(base + "/v1/score", content=chunks(), headers={"content-type": "application/json"})
+        assert chunked.status_code == 413 and "limit" in chunked.json()["error"]["message"]
+
         items = [{**INSULIN, "id": str(i), "response": "Insulin comes from the beta cells. " * (4 + i)}
                  for i in range(16)]
-        result = {}
+        replies = [None] * 16
 
-        def ask():
-            result["reply"] = httpx.post(base + "/v1/score", json=items, timeout=120)
+        def ask(i):
+            replies[i] = httpx.post(base + "/v1/score", json=items[i], timeout=120)
 
-        asker = threading.Thread(target=ask)
-        asker.start()
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+        for t in askers:
+            t.start()
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        asker.join(120)
-        assert result["reply"].status_code == 200 and len(result["reply"].json()) == 16
+        for t in askers:
+            t.join(120)
+        assert [r.status_code for r in replies] == [200] * 16
+        assert [r.json()["id"] for r in replies] == [str(i) for i in range(16)]
         assert proc.wait(60) in (0, -signal.SIGTERM)
     finally:
         proc.kill()
         proc.wait()
+    logged = [json.loads(line) for line in log_path.read_text().splitlines()]
+    scored = [e for e in logged if e["route"] == "/v1/score" and e["status"] == 200]
+    assert len(scored) == 17 and all(e["items"] == 1 and e["tokens"] > 0 and e["compute_s"] > 0 for e in scored)
+    assert all(e["queue_wait_s"] >= 0 and e["method"] == "POST" for e in scored)
+    assert "Eiffel" not in log_path.read_text() and "beta cells" not in log_path.read_text()
+    assert any(e["status"] == 413 for e in logged)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's Chromium, headless, driven by Playwright."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    path = "/usr/bin/chromium"
+    assert os.path.exists(path), "Debian's chromium package is needed (make test installs it)"
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        yield browser
+        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -283,39 +338,79 @@ def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
     assert upstream_refusal.status_code == 404 and "does not exist" in upstream_refusal.text
 
 
-def test_the_page_in_headless_chromium(service, tmp_path):
+def test_the_page_in_headless_chromium(service, chromium, tmp_path):
     """The web page as a user sees it: type an example, submit, and the answer comes back with the unsupported
     words highlighted as the API flags them."""
-    playwright = pytest.importorskip("playwright.sync_api")
-    chromium = "/usr/bin/chromium"
-    assert os.path.exists(chromium), "Debian's chromium package is needed (make test installs it)"
     answer = "Insulin is produced by the beta cells of the pancreas. It was discovered in 1921 by Banting in Paris."
     expected = Client(service.url).score(**INSULIN, response=answer, detector="lookback-lens")
     assert expected["spans"], "the example should have a flagged span"
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+    page = chromium.new_page()
+    try:
+        page.goto(service.url + "/")
+        page.wait_for_selector("#detector option[value='lookback-lens']", state="attached")
+        page.fill("#context", INSULIN["context"])
+        page.fill("#question", INSULIN["question"])
+        page.fill("#answer", answer)
+        page.select_option("#detector", "lookback-lens")
+        page.click("#check")
+        page.wait_for_selector(".result")
+        marks = page.locator(".result mark")
+        assert [marks.nth(i).inner_text() for i in range(marks.count())] == [s["text"] for s in expected["spans"]]
+        assert marks.first.get_attribute("title").startswith("confidence ")
+        verdict = page.inner_text(".result .verdict")
+        assert verdict == ("Hallucinated" if expected["hallucinated"] else "Supported")
+        assert f"{expected['score']:.4f}" in page.inner_text(".result .score")
+        page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+    finally:
+        page.close()
+    assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzzed(smol, chromium):
+    """With --api-key-env: the page, its files, /docs and the OpenAPI document load without a key (a browser cannot
+    send one), the API answers 401 with WWW-Authenticate; the page asks for the key and sends it; the OpenAPI
+    document states the security scheme; 405 names the allowed methods; and Schemathesis (every check, a fixed
+    seed) finds no response that breaks the document."""
+    running = Running(build_app(["default"], api_key="k-123", models={"smollm2-135m": smol},
+                                limits=Limits(max_items=3)))
+    try:
+        for path in ("/", "/static/app.js", "/docs", "/openapi.json"):
+            assert httpx.get(running.url + path).status_code == 200, path
+        doc = httpx.get(running.url + "/openapi.json").json()
+        assert set(doc["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+        score_doc = doc["paths"]["/v1/score"]["post"]
+        assert score_doc["security"] and {"401", "413", "422", "429", "503"} <= set(score_doc["responses"])
+        closed = httpx.get(running.url + "/v1/detectors")
+        assert closed.status_code == 401 and closed.headers["www-authenticate"].startswith("Bearer")
+        trace = httpx.request("TRACE", running.url + "/v1/score", headers={"X-API-Key": "k-123"})
+        assert trace.status_code == 405 and trace.headers["allow"] == "POST"
+
+        answer = "Insulin is produced by red blood cells in the bone marrow."
+        expected = Client(running.url, api_key="k-123").score(**INSULIN, response=answer)
+        page = chromium.new_page()
         try:
-            page = browser.new_page()
-            page.goto(service.url + "/")
-            page.wait_for_selector("#detector option[value='lookback-lens']", state="attached")
+            page.goto(running.url + "/")
+            page.wait_for_selector("#status.error")
+            assert "API key" in page.inner_text("#status")
+            page.fill("#key", "k-123")
+            page.dispatch_event("#key", "change")
+            page.wait_for_selector("#detector option[value='default']", state="attached")
             page.fill("#context", INSULIN["context"])
             page.fill("#question", INSULIN["question"])
             page.fill("#answer", answer)
-            page.select_option("#detector", "lookback-lens")
             page.click("#check")
             page.wait_for_selector(".result")
-            marks = page.locator(".result mark")
-            assert [marks.nth(i).inner_text() for i in range(marks.count())] == [s["text"] for s in expected["spans"]]
-            assert marks.first.get_attribute("title").startswith("confidence ")
-            verdict = page.inner_text(".result .verdict")
-            assert verdict == ("Hallucinated" if expected["hallucinated"] else "Supported")
             assert f"{expected['score']:.4f}" in page.inner_text(".result .score")
-            page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
         finally:
-            browser.close()
-    assert (tmp_path / "page.png").stat().st_size > 10_000
+            page.close()
+
+        st = os.path.join(os.path.dirname(sys.executable), "st")
+        fuzz = subprocess.run([st, "run", running.url + "/openapi.json", "--checks", "all", "--max-examples", "30",
+                               "--seed", "1", "-H", "Authorization: Bearer k-123", "--no-color"],
+                              capture_output=True, text=True, timeout=600)
+        assert fuzz.returncode == 0 and "No issues found" in fuzz.stdout, fuzz.stdout[-3000:]
+    finally:
+        running.stop()
 
 
 def test_watch_check_against_a_store(smol, service, tmp_path):

@@ -292,7 +292,7 @@ class ScoringService:
         """The results of ``items``, or a refusal: tokenized off the event loop, admitted by their tokens, and
         dropped from the queue when the client of ``http_request`` goes away."""
         if len(items) > self.limits.max_items:
-            raise ApiError(413, f"{len(items)} items in one request: the limit is {self.limits.max_items}",
+            raise ApiError(422, f"{len(items)} items in one request: the limit is {self.limits.max_items}",
                            "too_many_items")
         self.worker.check(len(items) * ANSWER_OVERHEAD_TOKENS)  # a busy server refuses before it tokenizes
         loop = asyncio.get_running_loop()

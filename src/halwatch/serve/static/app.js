@@ -12,7 +12,13 @@ function headers() {
 async function loadDetectors() {
   try {
     const r = await fetch("/v1/detectors", { headers: headers() });
+    if (r.status === 401) {
+      $("status").textContent = "This server needs an API key: enter it above.";
+      $("status").className = "error";
+      return;
+    }
     if (!r.ok) return;
+    if ($("status").className === "error") { $("status").textContent = ""; $("status").className = ""; }
     const data = await r.json();
     const select = $("detector");
     select.replaceChildren();
@@ -104,4 +110,5 @@ $("many").addEventListener("submit", async (e) => {
   }
 });
 
+$("key").addEventListener("change", loadDetectors);
 loadDetectors();
