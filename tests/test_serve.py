@@ -328,7 +328,7 @@ def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
     events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c.get("choices"))
     assert text == answer  # the upstream's chunks came through
-    assert lines[-1] == "data: [DONE]" and events[-1]["object"] == "halwatch.verdict"
+    assert lines[-1] == "data: [DONE]" and events[-1]["choices"] == [] and "halwatch" in events[-1]
     assert events[-1]["halwatch"]["score"] == pytest.approx(verdict["score"], abs=1e-4)
 
     bad = httpx.post(guarded.url + "/v1/chat/completions", json={"messages": []})
@@ -336,6 +336,48 @@ def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
     upstream_refusal = httpx.post(guarded.url + "/v1/chat/completions",
                                   json={"messages": messages, "model": "another-model"})
     assert upstream_refusal.status_code == 404 and "does not exist" in upstream_refusal.text
+
+
+def test_stream_policies_through_the_official_client(guarded):
+    """annotate, hold and stop, read by the official openai client from `halwatch serve --upstream` in front of
+    `halwatch watch serve-llm`: annotate passes the answer through and ends with the verdict; hold releases the
+    same answer and verdict only once it is scored; stop cuts an answer the detector flags while it streams, ending
+    with finish_reason content_filter and the verdict on the text it judged."""
+    import openai
+
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": INSULIN["context"]},
+                {"role": "user", "content": "Who discovered insulin, and in which year and city?"}]
+    seen = {}
+    for policy in ("annotate", "hold", "stop"):
+        t0, first, text, finish, verdict = time.perf_counter(), None, "", None, None
+        stream = client.chat.completions.create(model="smollm2-135m", messages=messages, temperature=0,
+                                                max_tokens=48, stream=True,
+                                                extra_body={"halwatch_stream_policy": policy,
+                                                            "halwatch_check_every": 6})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or time.perf_counter() - t0
+                text += chunk.choices[0].delta.content
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            verdict = (chunk.model_extra or {}).get("halwatch") or verdict
+        seen[policy] = {"text": text, "finish": finish, "verdict": verdict, "first": first,
+                        "total": time.perf_counter() - t0}
+    annotate, hold, stop = seen["annotate"], seen["hold"], seen["stop"]
+    assert annotate["text"] == hold["text"] and annotate["finish"] == hold["finish"] != "content_filter"
+    assert annotate["verdict"]["score"] == pytest.approx(hold["verdict"]["score"], abs=1e-4)
+    assert annotate["verdict"]["hallucinated"], "the example must be one the detector flags"
+    assert hold["first"] > 0.9 * hold["total"]  # nothing before the verdict
+    assert annotate["first"] < 0.5 * annotate["total"]
+    assert stop["finish"] == "content_filter" and stop["verdict"]["stopped"] and stop["verdict"]["hallucinated"]
+    assert annotate["text"].startswith(stop["text"]) and len(stop["text"]) < len(annotate["text"])
+    judged = stop["verdict"]["judged_text"]
+    assert stop["text"].startswith(judged) and all(judged[s["start"]:s["end"]] == s["text"]
+                                                   for s in stop["verdict"]["spans"])
+    bad = httpx.post(guarded.url + "/v1/chat/completions", json={
+        "messages": messages, "stream": True, "halwatch_stream_policy": "block"})
+    assert bad.status_code == 400 and "annotate, hold, stop" in bad.json()["error"]["message"]
 
 
 def test_the_page_in_headless_chromium(service, chromium, tmp_path):

@@ -457,6 +457,7 @@ def cmd_serve(args) -> int:
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
                     upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,
+                    stream_policy=args.stream_policy, check_every=args.stream_check_every,
                     device=args.device, dtype=args.dtype)
     serve(app, args.host, args.port, drain_seconds=args.drain_timeout or args.timeout,
           on_started=lambda h, p: note(f"halwatch serve at http://{h}:{p} (page /, API /docs; Ctrl-C or SIGTERM "
@@ -663,6 +664,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible LLM (http://HOST:PORT/v1) to guard: "
                                                      "POST /v1/chat/completions is forwarded and its answer scored")
     p.add_argument("--upstream-key-env", metavar="VAR", help="the upstream's API key, from this environment variable")
+    p.add_argument("--stream-policy", choices=["annotate", "hold", "stop"], default="annotate",
+                   help="streamed answers through the guard (per request: halwatch_stream_policy): annotate (pass "
+                        "through, verdict at the end; default), hold (release with the verdict), stop (score as it "
+                        "streams, end with finish_reason content_filter when judged hallucinated)")
+    p.add_argument("--stream-check-every", type=int, default=16, metavar="N",
+                   help="stop policy: score the growing answer every N chunks (about a token each; default 16; per "
+                        "request: halwatch_check_every)")
     p.add_argument("--max-items", type=int, default=64, help="items per /v1/score request (default 64)")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="answers per forward batch (default auto: 1 on a CPU, where batching gains nothing, 8 on a "

@@ -9,21 +9,39 @@ Where the context comes from (the convention, in this order):
 3. otherwise there is no separate context, and the whole conversation before the answer is the prompt.
 
 The question is the last user message. A plain reply gets ``halwatch``: the verdict of the first choice (``score``,
-``hallucinated``, ``threshold``, ``spans`` ...) and, with ``n`` > 1, ``choices`` with one verdict per choice. With
-``stream: true`` the upstream chunks pass through as they come, and the verdict follows as one more event,
-``data: {"object": "halwatch.verdict", "halwatch": {...}}``, before ``data: [DONE]``. Upstream errors pass through
-with their status; an upstream that cannot be reached is 502, one that does not answer in time 504.
+``hallucinated``, ``threshold``, ``spans`` ...) and, with ``n`` > 1, ``choices`` with one verdict per choice.
+
+With ``stream: true`` the stream policy (``--stream-policy``, or ``halwatch_stream_policy`` in the request) decides:
+
+- ``annotate``: the upstream's chunks pass through as they come; the verdict follows as one more chunk (no
+  choices, a ``halwatch`` field) before ``data: [DONE]``.
+- ``hold``: the chunks are held until the answer is complete and scored, then released with the verdict chunk.
+- ``stop``: the chunks pass through as they come while the growing answer is scored every ``check_every`` chunks
+  (``--stream-check-every``, or ``halwatch_check_every``; one check at a time, in the background). When the answer so
+  far is judged hallucinated, the stream ends at once with a chunk whose ``finish_reason`` is ``"content_filter"``
+  (as OpenAI ends filtered content) carrying the verdict and its spans; the upstream is closed. The upstream's own
+  last chunk waits for the check of the whole answer, so that a complete answer judged hallucinated ends the same
+  way. At most the chunks that arrive during one check pass beyond the text that was judged.
+
+Upstream errors pass through with their status; an upstream that cannot be reached is 502, one that does not answer
+in time 504.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from halwatch.models.chat import message_text
 from halwatch.serve.common import ApiError
+
+log = logging.getLogger("halwatch")
+
+STREAM_POLICIES = ("annotate", "hold", "stop")
 
 
 def context_of(body: dict) -> tuple[dict, str]:
@@ -54,7 +72,8 @@ class Guard:
     """Forwards chat completions to ``upstream`` (``http://HOST:PORT/v1``) and scores the answers through the
     service's batching queue."""
 
-    def __init__(self, upstream: str, api_key: str | None, service, timeout: float = 300.0):
+    def __init__(self, upstream: str, api_key: str | None, service, timeout: float = 300.0,
+                 stream_policy: str = "annotate", check_every: int = 16):
         import httpx2 as httpx
 
         self.url = upstream.rstrip("/") + "/chat/completions"
@@ -62,6 +81,7 @@ class Guard:
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), headers=headers)
         self.httpx = httpx
         self.service = service
+        self.stream_policy, self.check_every = _policy(stream_policy, check_every)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -92,9 +112,11 @@ class Guard:
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         item, source = context_of(body)
-        forwarded = {k: v for k, v in body.items() if k != "halwatch_context"}
+        policy, every = _policy(body.get("halwatch_stream_policy", self.stream_policy),
+                                body.get("halwatch_check_every", self.check_every))
+        forwarded = {k: v for k, v in body.items() if not k.startswith("halwatch_")}
         if forwarded.get("stream"):
-            return await self._stream(forwarded, item, source)
+            return await self._stream(forwarded, item, source, policy, every)
         try:
             reply = await self.http.post(self.url, json=forwarded)
         except self.httpx.HTTPError as exc:
@@ -107,7 +129,7 @@ class Guard:
         data["halwatch"] = await self.verdicts(item, answers, source)
         return JSONResponse(data)
 
-    async def _stream(self, forwarded: dict, item: dict, source: str):
+    async def _stream(self, forwarded: dict, item: dict, source: str, policy: str, every: int):
         upstream = self.http.stream("POST", self.url, json=forwarded)
         try:
             reply = await upstream.__aenter__()
@@ -118,30 +140,136 @@ class Guard:
             await upstream.__aexit__(None, None, None)
             return Response(content, status_code=reply.status_code,
                             media_type=reply.headers.get("content-type", "application/json"))
+        run = _StreamRun(self, item, source, every)
+        events = {"annotate": run.annotate, "hold": run.hold, "stop": run.stop}[policy](reply, upstream)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-        async def events():
-            answers: dict[int, str] = {}
-            try:
-                async for line in reply.aiter_lines():
-                    if line.strip() == "data: [DONE]":
-                        break
-                    if line.startswith("data: "):
-                        try:
-                            chunk = json.loads(line[6:])
-                        except ValueError:
-                            chunk = {}
-                        for choice in chunk.get("choices") or []:
-                            delta = (choice.get("delta") or {}).get("content") or ""
-                            answers[choice.get("index", 0)] = answers.get(choice.get("index", 0), "") + delta
-                    yield line + "\n"
-            finally:
-                await upstream.__aexit__(None, None, None)
-            texts = [answers.get(i, "") for i in range(max(answers, default=-1) + 1)]
-            try:
-                verdict = await self.verdicts(item, texts, source)
-            except ApiError as exc:
-                verdict = {"error": exc.message}
-            yield f"data: {json.dumps({'object': 'halwatch.verdict', 'halwatch': verdict})}\n\n"
+
+def _policy(policy, every) -> tuple[str, int]:
+    """A checked stream policy and check interval, or a 400 naming the field."""
+    if policy not in STREAM_POLICIES:
+        raise ApiError(400, f"halwatch_stream_policy must be one of {', '.join(STREAM_POLICIES)}, got {policy!r}",
+                       "invalid_stream_policy", "halwatch_stream_policy")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ApiError(400, f"halwatch_check_every must be a positive integer, got {every!r}",
+                       "invalid_check_every", "halwatch_check_every")
+    return policy, every
+
+
+class _StreamRun:
+    """One streamed completion through the guard: the upstream's ``data:`` lines, the answers they build, and the
+    verdict chunks of the three policies."""
+
+    def __init__(self, guard: Guard, item: dict, source: str, every: int):
+        self.guard, self.item, self.source, self.every = guard, item, source, every
+        self.answers: dict[int, str] = {}
+        self.head = {"object": "chat.completion.chunk"}  # id, created, model: from the upstream's chunks
+
+    def texts(self) -> list[str]:
+        return [self.answers.get(i, "") for i in range(max(self.answers, default=-1) + 1)]
+
+    def read(self, line: str) -> dict | None:
+        """The chunk of one ``data:`` line (``None`` for other lines), folded into the answers so far."""
+        if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+            return None
+        try:
+            chunk = json.loads(line[6:])
+        except ValueError:
+            return None
+        if not isinstance(chunk, dict):
+            return None
+        self.head.update({k: chunk[k] for k in ("id", "created", "model") if k in chunk})
+        for choice in chunk.get("choices") or []:
+            delta = (choice.get("delta") or {}).get("content") or ""
+            self.answers[choice.get("index", 0)] = self.answers.get(choice.get("index", 0), "") + delta
+        return chunk
+
+    async def verdict(self, texts: list[str] | None = None) -> dict:
+        """The verdict on ``texts`` (default: the answers so far), with the first one as ``judged_text``."""
+        texts = self.texts() if texts is None else texts
+        try:
+            verdict = await self.guard.verdicts(self.item, texts, self.source)
+        except ApiError as exc:
+            verdict = {"error": exc.message}
+        return {**verdict, "judged_text": texts[0] if texts else ""}
+
+    def event(self, choices: list, verdict: dict) -> str:
+        return f"data: {json.dumps({**self.head, 'choices': choices, 'halwatch': verdict})}\n\n"
+
+    async def lines(self, reply, upstream):
+        """The upstream's events up to ``[DONE]``, one line each with its blank line (OpenAI's chunks are one
+        ``data:`` line per event); the upstream is closed however the loop ends."""
+        try:
+            async for line in reply.aiter_lines():
+                if line.strip() == "data: [DONE]":
+                    return
+                if line.strip():
+                    yield line + "\n\n"
+        finally:
+            await upstream.__aexit__(None, None, None)
+
+    async def annotate(self, reply, upstream):
+        async for line in self.lines(reply, upstream):
+            self.read(line)
+            yield line
+        yield self.event([], await self.verdict())
+        yield "data: [DONE]\n\n"
+
+    async def hold(self, reply, upstream):
+        held = []
+        async for line in self.lines(reply, upstream):
+            self.read(line)
+            held.append(line)
+        verdict = await self.verdict()
+        for line in held:
+            yield line
+        yield self.event([], verdict)
+        yield "data: [DONE]\n\n"
+
+    async def stop(self, reply, upstream):
+        checking: asyncio.Task | None = None
+        since, checks = 0, 0
+        last: list[str] = []  # the upstream's closing lines (finish_reason, usage), held for the final check
+        lines = self.lines(reply, upstream)
+        try:
+            async for line in lines:
+                chunk = self.read(line)
+                if chunk is not None and any(c.get("finish_reason") for c in chunk.get("choices") or []) or last:
+                    last.append(line)
+                    continue
+                yield line
+                if chunk is not None and chunk.get("choices"):
+                    since += 1
+                if checking is not None and checking.done():
+                    verdict, checking = checking.result(), None
+                    if _flagged(verdict):
+                        yield self.stopped(verdict, checks)
+                        return
+                if checking is None and since >= self.every and any(t.strip() for t in self.texts()):
+                    since, checks = 0, checks + 1
+                    checking = asyncio.ensure_future(self.verdict(self.texts()))
+            if checking is not None:
+                checking.cancel()
+            verdict = await self.verdict()
+            checks += 1
+            if _flagged(verdict):
+                yield self.stopped(verdict, checks)
+                return
+            for line in last:
+                yield line
+            yield self.event([], {**verdict, "checks": checks})
             yield "data: [DONE]\n\n"
+        finally:
+            await lines.aclose()
+            if checking is not None and not checking.done():
+                checking.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def stopped(self, verdict: dict, checks: int) -> str:
+        """The last chunk of a stream ended for a hallucinated answer, then ``[DONE]``."""
+        choices = [{"index": i, "delta": {}, "logprobs": None, "finish_reason": "content_filter"}
+                   for i in range(max(1, len(self.answers)))]
+        return self.event(choices, {**verdict, "stopped": True, "checks": checks}) + "data: [DONE]\n\n"
+
+
+def _flagged(verdict: dict) -> bool:
+    return bool(verdict.get("hallucinated")) or any(c.get("hallucinated") for c in verdict.get("choices", []))

@@ -446,7 +446,8 @@ class WatchQuery(BaseModel):
 
 def build_app(detectors: list[str], api_key: str | None = None, limits: Limits | None = None,
               max_body_bytes: int = 4 << 20, upstream: str | None = None, upstream_key: str | None = None,
-              watch: dict | None = None, models: dict | None = None, device: str = "auto", dtype: str = "auto"):
+              watch: dict | None = None, models: dict | None = None, device: str = "auto", dtype: str = "auto",
+              stream_policy: str = "annotate", check_every: int = 16):
     """The service app, loading ``detectors`` (shipped names or artifact files; the first is the default) at
     start-up; ready once they are loaded. ``upstream``: an OpenAI-compatible base URL for the guard proxy.
     ``models``: scoring models already loaded in this process, by name, to use instead of loading them again;
@@ -470,7 +471,8 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
         if upstream:
             from halwatch.serve.guard import Guard
 
-            guard = app.state.guard = Guard(upstream, upstream_key, service)
+            guard = app.state.guard = Guard(upstream, upstream_key, service, stream_policy=stream_policy,
+                                            check_every=check_every)
         state.ready = True
         yield
         state.ready = False
@@ -545,7 +547,9 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
                   "type": "object", "required": ["messages"], "properties": {
                       "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
                       "halwatch_context": {"anyOf": [{"type": "string"}, {"type": "array",
-                                                                          "items": {"type": "string"}}]}}}}}}})
+                                                                          "items": {"type": "string"}}]},
+                      "halwatch_stream_policy": {"enum": ["annotate", "hold", "stop"]},
+                      "halwatch_check_every": {"type": "integer", "minimum": 1}}}}}}})
     async def chat(request: Request):
         """The guard: the chat completion of the upstream LLM, with the verdict on its answer (``halwatch``)."""
         guard = getattr(app.state, "guard", None)
