@@ -403,7 +403,8 @@ def cmd_bench(args) -> int:
         from halwatch.serve.bench import run_serve_bench
 
         run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
-                        device=args.device, dtype=args.dtype, batch_size=args.batch_size)
+                        device=args.device, dtype=args.dtype, batch_size=args.batch_size, parts=args.parts,
+                        overload_seconds=args.overload_seconds)
         return 0
     if args.what == "invariance":
         from halwatch.eval.invariance import run_invariance
@@ -645,6 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-file", help="invariance, calibration: also write the figures to this JSON file")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
                    help="serve: concurrent clients per level (default 1 8 50)")
+    p.add_argument("--parts", nargs="+", choices=["throughput", "overload", "drain", "stream"],
+                   default=["throughput", "overload", "drain", "stream"],
+                   help="serve: what to measure (default all): throughput per client level, refusals at 2x and 5x "
+                        "overload, drain time with 16 in flight, stream policies' time to first and last token")
+    p.add_argument("--overload-seconds", type=float, default=30.0,
+                   help="serve: how long each overload level sends (default 30)")
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
     _add_scorer_options(p)
     _add_ray_options(p, "compute the signals not yet cached")

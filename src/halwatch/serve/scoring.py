@@ -312,8 +312,10 @@ class ScoringService:
                 job.future.cancel()
 
         watch = asyncio.ensure_future(watch_disconnect(http_request, give_up)) if http_request is not None else None
+        gathered = asyncio.gather(*(j.future for j in jobs))
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())  # a cancelled request's: retrieved
         try:
-            return await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), self.limits.timeout)
+            return await asyncio.wait_for(gathered, self.limits.timeout)
         except asyncio.TimeoutError:
             give_up()
             raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
