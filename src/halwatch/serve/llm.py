@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from halwatch.errors import HalwatchError
-from halwatch.serve.common import ApiError, ServerState, Worker, create_app, watch_disconnect
+from halwatch.serve.common import ApiError, ServerState, Worker, create_app, errors, watch_disconnect
 
 #: ``max_tokens`` when a request gives none, and the most a request may ask for.
 DEFAULT_MAX_TOKENS = 256
@@ -282,12 +282,12 @@ def build_app(model, api_key: str | None = None, queue_tokens: int = 32768, time
     Gauge("halwatch_queued_tokens", "Tokens of model work admitted and not yet finished", registry=state.registry
           ).set_function(lambda: server.worker.queued)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors())
     async def models():
         return {"object": "list", "data": [{"id": server.name, "object": "model", "created": int(state.started),
                                             "owned_by": "halwatch"}]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=errors(404, 413, 429, 504))
     async def chat_completions(body: ChatRequest, request: Request):
         if body.stream:
             return StreamingResponse(await server.stream(body), media_type="text/event-stream",
