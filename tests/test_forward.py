@@ -124,3 +124,29 @@ def test_pooled_hidden_states_and_diag_reducer(smol, probe):
     np.testing.assert_allclose(pooled.hidden[0, 1], full.hidden[0, -1], rtol=1e-5, atol=1e-4)
     r = np.arange(full.n_response)
     np.testing.assert_allclose(full.reduced["diag.w"], full.attention[:, r, full.n_prompt + r])
+
+
+def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
+    """`halwatch bench speed --parts split`: the forward clock counts the time of each forward pass of the scoring
+    path (one per batch), and the split adds up: inside + outside = the whole path."""
+    from halwatch.eval.speed import ForwardClock, _default_detector, forward_split
+
+    detector = _default_detector(smol)
+    answers = [Sample(prompt="Q: Which city is the capital of France?\nAnswer:", response=r, id=str(i))
+               for i, r in enumerate(("Paris.", "It is Lyon, I think.", "Paris, on the Seine."))]
+    calls = []
+    clock = ForwardClock(smol.model)
+    counter = smol.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        detector._scorer().batch_size = 1
+        detector.score(answers)
+    finally:
+        clock.close()
+        counter.remove()
+    assert len(calls) == 3 and clock.seconds > 0
+    lines = []
+    rows = forward_split(detector, batches=(1, 3), out=lines.append, samples=answers)
+    assert [r["batch"] for r in rows] == [1, 3] and lines[-1].startswith("| 3 |")
+    for r in rows:
+        assert r["answers"] == 3 and r["inside_s"] > 0 and r["outside_s"] > 0 and r["plain_forward_s"] > 0
+        assert r["inside_s"] + r["outside_s"] == pytest.approx(r["total_s"])

@@ -191,20 +191,20 @@ def test_overload_is_refused_at_once_never_left_to_time_out(smol):
         running.stop()
 
 
-def test_fifty_clients_ten_requests_each(service):
-    """A load test: 50 concurrent clients x 10 requests (short ones: the server is under test here, not the
-    model), every one answered, no 5xx, the server alive after."""
+def test_fifty_clients_four_requests_each(service):
+    """A load test: 50 concurrent clients x 4 requests (short ones: the server is under test here, not the model),
+    every one answered, no 5xx, the server alive after."""
     async def client(k):
         async with httpx.AsyncClient(timeout=300) as http:
             return [await http.post(service.url + "/v1/score", json={
                 "id": f"{k}-{j}", "prompt": f"Which city is the capital of country number {k}?",
-                "response": ["Paris.", "It is Rome.", "Berlin, I think."][(k + j) % 3]}) for j in range(10)]
+                "response": ["Paris.", "It is Rome.", "Berlin, I think."][(k + j) % 3]}) for j in range(4)]
 
     async def everyone():
         return await asyncio.gather(*(client(k) for k in range(50)))
 
     replies = [r for per_client in asyncio.run(everyone()) for r in per_client]
-    assert len(replies) == 500 and {r.status_code for r in replies} == {200}
+    assert len(replies) == 200 and {r.status_code for r in replies} == {200}
     assert httpx.get(service.url + "/health/ready").status_code == 200
 
 

@@ -392,18 +392,28 @@ def cmd_generate(args) -> int:
     return 0
 
 
+#: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
+BENCH_PARTS = {"speed": ("lengths", "split"), "serve": ("throughput", "overload", "drain", "stream")}
+
+
 def cmd_bench(args) -> int:
+    if args.parts and not set(args.parts) <= set(BENCH_PARTS.get(args.what, ())):
+        known = BENCH_PARTS.get(args.what, ())
+        raise HalwatchError(f"halwatch bench {args.what} has no part {', '.join(sorted(set(args.parts) - set(known)))}"
+                            f" (its parts: {', '.join(known) or 'none'})")
     if args.what == "speed":
         from halwatch.eval.speed import run_speed
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
-                  device=args.device, dtype=args.dtype)
+                  device=args.device, dtype=args.dtype, parts=args.parts or BENCH_PARTS["speed"],
+                  batches=args.batches)
         return 0
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
 
         run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
-                        device=args.device, dtype=args.dtype, batch_size=args.batch_size, parts=args.parts,
+                        device=args.device, dtype=args.dtype, batch_size=args.batch_size,
+                        parts=args.parts or BENCH_PARTS["serve"],
                         overload_seconds=args.overload_seconds)
         return 0
     if args.what == "invariance":
@@ -646,10 +656,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-file", help="invariance, calibration: also write the figures to this JSON file")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
                    help="serve: concurrent clients per level (default 1 8 50)")
-    p.add_argument("--parts", nargs="+", choices=["throughput", "overload", "drain", "stream"],
-                   default=["throughput", "overload", "drain", "stream"],
-                   help="serve: what to measure (default all): throughput per client level, refusals at 2x and 5x "
-                        "overload, drain time with 16 in flight, stream policies' time to first and last token")
+    p.add_argument("--parts", nargs="+", choices=["throughput", "overload", "drain", "stream", "lengths", "split"],
+                   help="what to measure (default all). serve: throughput per client level, overload (refusals at "
+                        "2x and 5x), drain (16 in flight), stream (the policies' time to first and last token); "
+                        "speed: lengths (forward, capture and the default per sequence length), split (time inside "
+                        "and outside the model's forward per answer, by --batches)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
+                   help="speed: batch sizes of the split (default 1 8 32; 32 answers)")
     p.add_argument("--overload-seconds", type=float, default=30.0,
                    help="serve: how long each overload level sends (default 30)")
     p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")

@@ -144,8 +144,89 @@ def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
     return out
 
 
+class ForwardClock:
+    """Seconds spent inside ``model``'s forward (everything between its forward pre-hook and its forward hook,
+    the attention capture included), summed over calls, with the device synchronised at both ends."""
+
+    def __init__(self, model):
+        self.seconds, self._t0 = 0.0, None
+        self.handles = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._stop)]
+
+    def _start(self, *args):
+        _sync()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *args):
+        _sync()
+        self.seconds += time.perf_counter() - self._t0
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=print, samples=None) -> list[dict]:
+    """Per answer, for batches of ``batches`` answers of ``n`` real RAGTruth test answers (a seeded sample, sorted
+    by length so that a batch pads little, as ``halwatch score`` batches): the whole scoring path (tokenizing,
+    signals, score and spans), the time inside the model's forward (with the attention capture and what runs in
+    it), the time outside it (everything else), and a plain forward of the same padded batches (the model's own
+    SDPA forward, one logit per answer: the floor). Issue 35's CPU target: outside <= 5 % of inside at batch 32.
+    ``samples``: other answers to time instead (``n`` is then their number)."""
+    import random
+
+    import torch
+
+    from halwatch.data.ragtruth import read_ragtruth
+
+    scorer = detector._scorer()
+    sm = scorer.model
+    if samples is None:
+        samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
+    samples, n = list(samples), len(samples)
+    samples.sort(key=lambda s: len(scorer.encode(s).input_ids))
+    rows = []
+    for size in batches:
+        scorer.batch_size = size
+        throughput(detector, samples[:2], size)  # warm-up
+        clock = ForwardClock(sm.model)
+        try:
+            total = n / throughput(detector, samples, size)
+        finally:
+            clock.close()
+        views = [scorer.encode(s) for s in samples]
+
+        def plain():
+            pad = sm.tokenizer.pad_token_id or 0
+            with torch.inference_mode():
+                for i in range(0, n, size):
+                    part = views[i : i + size]
+                    longest = max(len(v.input_ids) for v in part)
+                    ids = torch.full((len(part), longest), pad, dtype=torch.long)
+                    mask = torch.zeros((len(part), longest), dtype=torch.long)
+                    for b, v in enumerate(part):
+                        ids[b, : len(v.input_ids)] = torch.tensor(v.input_ids)
+                        mask[b, : len(v.input_ids)] = 1
+                    sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
+                             use_cache=False)
+
+        plain_s = _timed(plain, 1, warm_up=False)
+        row = {"batch": size, "answers": n, "total_s": total / n, "inside_s": clock.seconds / n,
+               "outside_s": (total - clock.seconds) / n, "plain_forward_s": plain_s / n}
+        row["outside_share"] = row["outside_s"] / row["inside_s"]
+        row["over_plain"] = row["total_s"] / row["plain_forward_s"]
+        rows.append(row)
+    out(f"\n{detector.name} on {n} answers, seconds per answer ({sm.device}, {sm.dtype}):")
+    out("| batch | whole path | inside the forward | outside it | outside / inside | plain forward | whole / plain |")
+    out("|---|---|---|---|---|---|---|")
+    for r in rows:
+        out(f"| {r['batch']} | {r['total_s']:.4f} | {r['inside_s']:.4f} | {r['outside_s']:.4f} | "
+            f"{100 * r['outside_share']:.1f} % | {r['plain_forward_s']:.4f} | {r['over_plain']:.2f}x |")
+    return rows
+
+
 def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print,
-              device: str = "auto", dtype: str = "auto", answers: int = 32) -> dict:
+              device: str = "auto", dtype: str = "auto", answers: int = 32, parts=("lengths", "split"),
+              batches=(1, 8, 32)) -> dict:
     import logging
 
     import torch
@@ -160,6 +241,10 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     where = f"{shared.device}, {shared.dtype}"
     if shared.device.type == "cuda":
         where += f", {torch.cuda.get_device_name(shared.device)}"
+    if "lengths" not in parts:
+        out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads)")
+        return {"model": model, "device": where, "split": forward_split(_default_detector(shared), answers, batches,
+                                                                        out=out)}
     t_import, t_first, t_again = _load_seconds(model)
     out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
         f"{t_import:.2f} s; load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
@@ -225,6 +310,8 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         rates = results["answers_per_s"]
         out(f"default detector on {answers} RAGTruth test answers: {rates['one_at_a_time']:.2f} answers/s one at a "
             f"time, {rates['batched']:.2f} answers/s in batches of similar length (--batch-size auto)")
+    if "split" in parts:
+        results["split"] = forward_split(default, answers, batches, out=out)
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
     if shared.device.type == "cuda":

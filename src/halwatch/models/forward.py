@@ -436,10 +436,12 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
 
 def attach_support(view: TokenView, sig: Signals) -> None:
     """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
-    the whole context, even where the token cap cut it from the model's input."""
+    the whole context, even where the token cap cut it from the model's input (up to its last 64 K characters,
+    :func:`~halwatch.signals.support.readable`)."""
     sample = view.sample
-    sig.support = support.token_features(sample.context_text, sample.response, view.offsets)
-    sig.support_answer = support.answer_features(sample.context_text, sample.response)
+    context = support.readable(sample.context_text)
+    sig.support = support.token_features(context, sample.response, view.offsets)
+    sig.support_answer = support.answer_features(context, sample.response)
 
 
 def whitebox_request(model) -> SignalRequest:

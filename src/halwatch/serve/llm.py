@@ -129,8 +129,11 @@ class ChatServer:
             self.scoring_model = load_model(self.model_spec, device=self.device, dtype=self.dtype)
         # one short generation: the first request does not pay for the first pass, and admission control starts
         # from a measured seconds-per-token
+        from halwatch.models.chat import chat_prompt_ids
+
         warm = ChatRequest(messages=[{"role": "user", "content": "Say hello."}], max_tokens=4, temperature=0)
-        self._generate(warm, cost=self._check(warm))
+        ids = chat_prompt_ids(self.scoring_model.tokenizer, [m.as_dict() for m in warm.messages])
+        self._generate(warm, cost=len(ids) + warm.token_cap())  # not through _check: a --mimic quirk may refuse it
 
     def _check(self, request: ChatRequest) -> int:
         """Refuse what can be refused before the model runs: another model's name (404), a chat with no text or
