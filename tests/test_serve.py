@@ -408,7 +408,7 @@ def test_the_page_in_headless_chromium(service, chromium, tmp_path):
     assert (tmp_path / "page.png").stat().st_size > 10_000
 
 
-def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzzed(smol, chromium):
+def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzzed(smol, chromium, tmp_path):
     """With --api-key-env: the page, its files, /docs and the OpenAPI document load without a key (a browser cannot
     send one), the API answers 401 with WWW-Authenticate; the page asks for the key and sends it; the OpenAPI
     document states the security scheme; 405 names the allowed methods; and Schemathesis (every check, a fixed
@@ -449,7 +449,7 @@ def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzze
         st = os.path.join(os.path.dirname(sys.executable), "st")
         fuzz = subprocess.run([st, "run", running.url + "/openapi.json", "--checks", "all", "--max-examples", "30",
                                "--seed", "1", "-H", "Authorization: Bearer k-123", "--no-color"],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache: not here
         assert fuzz.returncode == 0 and "No issues found" in fuzz.stdout, fuzz.stdout[-3000:]
     finally:
         running.stop()

@@ -656,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-file", help="invariance, calibration: also write the figures to this JSON file")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
                    help="serve: concurrent clients per level (default 1 8 50)")
-    p.add_argument("--parts", nargs="+", choices=["throughput", "overload", "drain", "stream", "lengths", "split"],
+    p.add_argument("--parts", nargs="+", choices=[part for parts in BENCH_PARTS.values() for part in parts],
                    help="what to measure (default all). serve: throughput per client level, overload (refusals at "
                         "2x and 5x), drain (16 in flight), stream (the policies' time to first and last token); "
                         "speed: lengths (forward, capture and the default per sequence length), split (time inside "
@@ -678,13 +678,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "pass. SIGTERM drains the requests in flight, then stops.")
     p.add_argument("--detector", nargs="+", help="shipped artifact names or artifact files to load; the first is "
                                                  "the default (default: the shipped 'default')")
-    from halwatch.serve.common import add_server_options
+    from halwatch.serve.common import STREAM_POLICIES, add_server_options
 
     add_server_options(p, port=8080, timeout=120.0, queue_tokens=1 << 18, max_body_bytes=4 << 20)
     p.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible LLM (http://HOST:PORT/v1) to guard: "
                                                      "POST /v1/chat/completions is forwarded and its answer scored")
     p.add_argument("--upstream-key-env", metavar="VAR", help="the upstream's API key, from this environment variable")
-    p.add_argument("--stream-policy", choices=["annotate", "hold", "stop"], default="annotate",
+    p.add_argument("--stream-policy", choices=STREAM_POLICIES, default="annotate",
                    help="streamed answers through the guard (per request: halwatch_stream_policy): annotate (pass "
                         "through, verdict at the end; default), hold (release with the verdict), stop (score as it "
                         "streams, end with finish_reason content_filter when judged hallucinated)")

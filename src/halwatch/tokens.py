@@ -170,6 +170,17 @@ def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[in
 PRECUT_CHARS_PER_TOKEN = 64
 
 
+def tail_start(text: str, keep: int, start: int = 0, end: int | None = None) -> int:
+    """Where the last ``keep`` characters of ``text[start:end]`` begin (``start`` when there are no more), moved to
+    the next space if one comes within 64 characters, so that no word is split."""
+    end = len(text) if end is None else end
+    at = max(start, end - keep)
+    if at > start:
+        space = text.find(" ", at, min(end, at + 64))
+        at = space if space >= 0 else at
+    return at
+
+
 def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS) -> TokenView:
     """Tokenize ``sample`` for the scoring model, cutting the context from its left end to fit ``max_tokens``.
 
@@ -191,10 +202,7 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
     # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
     # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
     # way is estimated from the characters per token of what is kept.
-    cut = precut = max(0, ctx_end - ctx_start - max_tokens * PRECUT_CHARS_PER_TOKEN)
-    if precut:
-        space = prompt.find(" ", ctx_start + precut, ctx_end)
-        cut = precut = (space - ctx_start) if space > 0 else precut
+    cut = precut = tail_start(prompt, max_tokens * PRECUT_CHARS_PER_TOKEN, ctx_start, ctx_end) - ctx_start
     n_whole = None
     while True:
         text = prompt[:ctx_start] + prompt[ctx_start + cut :]

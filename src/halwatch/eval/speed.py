@@ -177,6 +177,7 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     import torch
 
     from halwatch.data.ragtruth import read_ragtruth
+    from halwatch.models.forward import padded
 
     scorer = detector._scorer()
     sm = scorer.model
@@ -196,16 +197,9 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
         views = [scorer.encode(s) for s in samples]
 
         def plain():
-            pad = sm.tokenizer.pad_token_id or 0
             with torch.inference_mode():
                 for i in range(0, n, size):
-                    part = views[i : i + size]
-                    longest = max(len(v.input_ids) for v in part)
-                    ids = torch.full((len(part), longest), pad, dtype=torch.long)
-                    mask = torch.zeros((len(part), longest), dtype=torch.long)
-                    for b, v in enumerate(part):
-                        ids[b, : len(v.input_ids)] = torch.tensor(v.input_ids)
-                        mask[b, : len(v.input_ids)] = 1
+                    ids, mask = padded(views[i : i + size], sm.tokenizer.pad_token_id or 0)
                     sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
                              use_cache=False)
 

@@ -25,7 +25,7 @@ from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
 from halwatch.signals import support
 from halwatch.signals.reducers import REDUCERS, Rows
-from halwatch.tokens import TokenView
+from halwatch.tokens import TokenView, tail_start
 
 ATTN_IMPLEMENTATION = "halwatch"
 #: Bytes of partial reducer results (e.g. MTop-Div's distances) held before they are finished together.
@@ -333,6 +333,20 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
+def padded(views: list[TokenView], pad: int, offset: int = 0):
+    """``(input ids, attention mask)`` of ``views`` as one right-padded batch: the ids from position ``offset`` on
+    (the positions before it are in a cache), the mask over every position."""
+    import torch
+
+    longest = max(len(v.input_ids) for v in views)
+    ids = torch.full((len(views), longest - offset), pad, dtype=torch.long)
+    mask = torch.zeros((len(views), longest), dtype=torch.long)
+    for b, v in enumerate(views):
+        ids[b, : len(v.input_ids) - offset] = torch.tensor(v.input_ids[offset:])
+        mask[b, : len(v.input_ids)] = 1
+    return ids, mask
+
+
 def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None) -> list[Signals]:
     """Run one batch (right-padded) and return the requested signals of each sample.
 
@@ -353,12 +367,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
         raise ValueError(f"a cached prefix of {offset} tokens leaves no room for the signals asked for")
     lengths = [len(v.input_ids) for v in views]
     longest = max(lengths)
-    pad = scoring_model.tokenizer.pad_token_id or 0
-    ids = torch.full((len(views), longest - offset), pad, dtype=torch.long)
-    mask = torch.zeros((len(views), longest), dtype=torch.long)
-    for b, v in enumerate(views):
-        ids[b, : lengths[b] - offset] = torch.tensor(v.input_ids[offset:])
-        mask[b, : lengths[b]] = 1
+    ids, mask = padded(views, scoring_model.tokenizer.pad_token_id or 0, offset)
     device = scoring_model.device
     ids, mask = ids.to(device), mask.to(device)
     if rel is not None and cache is not None:
@@ -436,10 +445,11 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
 
 def attach_support(view: TokenView, sig: Signals) -> None:
     """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
-    the whole context, even where the token cap cut it from the model's input (up to its last 64 K characters,
-    :func:`~halwatch.signals.support.readable`)."""
+    the whole context, even where the token cap cut it from the model's input, up to its last
+    :data:`~halwatch.signals.support.MAX_CONTEXT_CHARS` characters."""
     sample = view.sample
-    context = support.readable(sample.context_text)
+    context = sample.context_text
+    context = context[tail_start(context, support.MAX_CONTEXT_CHARS):]
     sig.support = support.token_features(context, sample.response, view.offsets)
     sig.support_answer = support.answer_features(context, sample.response)
 

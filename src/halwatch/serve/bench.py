@@ -56,10 +56,14 @@ async def _level(url: str, items: list[dict], clients: int) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         seconds = time.perf_counter() - t0
-    latencies.sort()
     return {"clients": clients, "answers": len(items), "seconds": seconds, "per_s": len(items) / seconds,
-            "p50": statistics.median(latencies), "p95": latencies[max(0, int(0.95 * len(latencies)) - 1)],
-            "errors": errors}
+            "p50": statistics.median(latencies), "p95": _p95(latencies), "errors": errors}
+
+
+def _p95(seconds: list[float]) -> float | None:
+    """The 95th percentile (the lower of the two nearest ranks), ``None`` of nothing."""
+    ordered = sorted(seconds)
+    return ordered[max(0, int(0.95 * len(ordered)) - 1)] if ordered else None
 
 
 def _in_process(detector, items: list[dict], batch_size: int) -> float:
@@ -161,13 +165,10 @@ async def _overload(url: str, items: list[dict], rate: float, seconds: float) ->
             await asyncio.sleep(1 / rate)
         await asyncio.gather(*tasks)
 
-    def p95(xs):
-        xs = sorted(t for _, t in xs)
-        return xs[max(0, int(0.95 * len(xs)) - 1)] if xs else None
-
     return {"sent": n, "rate_per_s": rate, "answered": len(answered), "refused": len(refused),
             "other": sorted({s for s, _ in other}), "n_other": len(other), "answered_share": len(answered) / n,
-            "refused_share": len(refused) / n, "p95_refusal_s": p95(refused), "p95_answer_s": p95(answered)}
+            "refused_share": len(refused) / n, "p95_refusal_s": _p95([t for _, t in refused]),
+            "p95_answer_s": _p95([t for _, t in answered])}
 
 
 def _drain(app_factory, items: list[dict], in_flight: int = 16, drain_seconds: float = 10.0) -> dict:

@@ -128,6 +128,21 @@ def errors(*statuses: int) -> dict:
             for s in sorted(set(statuses) | set(COMMON_ERRORS))}
 
 
+#: How the guard proxy may treat a streamed answer (``halwatch.serve.guard``); here so that the command line can
+#: offer them without importing the proxy.
+STREAM_POLICIES = ("annotate", "hold", "stop")
+
+
+async def read_json(request):
+    """The JSON body of a route that reads its own body, or a 400."""
+    import json
+
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON (UTF-8)", "invalid_json") from None
+
+
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"), "param": param,
                       "code": code}}
@@ -465,12 +480,12 @@ class Worker:
     #: see (tokenizing, the event loop, a batch slower than the average).
     DEADLINE_SHARE = 0.8
 
-    def __init__(self, capacity: int, deadline: float, unit: str = "tokens", option: str = "--queue-tokens"):
+    def __init__(self, capacity: int, deadline: float):
         from concurrent.futures import ThreadPoolExecutor
 
         if capacity < 1:
-            raise HalwatchError(f"{option} must be at least 1, got {capacity}")
-        self.capacity, self.deadline, self.unit, self.option = capacity, deadline, unit, option
+            raise HalwatchError(f"--queue-tokens must be at least 1, got {capacity}")
+        self.capacity, self.deadline = capacity, deadline
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="halwatch-model")
         self.queued = 0
         self.rate: float | None = None  # seconds per unit of cost, measured
@@ -488,8 +503,8 @@ class Worker:
         """Refuse ``cost`` more units: 413 when larger than the whole queue, 429 when they do not fit now or would
         finish past the deadline. (A lower bound of a request's cost can be checked before it is tokenized.)"""
         if cost > self.capacity:
-            raise ApiError(413, f"this request needs {cost} {self.unit} of model work, more than the whole queue "
-                                f"holds ({self.capacity}, {self.option}): send fewer or shorter items",
+            raise ApiError(413, f"this request needs {cost} tokens of model work, more than the whole queue "
+                                f"holds ({self.capacity}, --queue-tokens): send fewer or shorter items",
                            "request_too_large")
         alone, budget = cost * (self.rate or 0.0), self.deadline * self.DEADLINE_SHARE
         if alone > budget:
@@ -499,7 +514,7 @@ class Worker:
         wait = self.wait(cost)
         if self.queued + cost > self.capacity:
             behind = (self.queued + cost - self.capacity) * (self.rate or 0.0)
-            raise ApiError(429, f"the server is busy ({self.queued} of {self.capacity} {self.unit} queued): retry "
+            raise ApiError(429, f"the server is busy ({self.queued} of {self.capacity} tokens queued): retry "
                                 f"later", "queue_full", headers={"Retry-After": str(max(1, math.ceil(behind)))})
         if wait is not None and wait > budget:
             raise ApiError(429, f"the server is busy: this request would be answered in about {wait:.1f} s, past "

@@ -31,17 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from halwatch.models.chat import message_text
-from halwatch.serve.common import ApiError
-
-log = logging.getLogger("halwatch")
-
-STREAM_POLICIES = ("annotate", "hold", "stop")
+from halwatch.serve.common import STREAM_POLICIES, ApiError, read_json
 
 
 def context_of(body: dict) -> tuple[dict, str]:
@@ -105,10 +100,7 @@ class Guard:
                         "upstream_unreachable")
 
     async def handle(self, request: Request):
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON (UTF-8)", "invalid_json") from None
+        body = await read_json(request)
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         item, source = context_of(body)
@@ -170,7 +162,7 @@ class _StreamRun:
 
     def read(self, line: str) -> dict | None:
         """The chunk of one ``data:`` line (``None`` for other lines), folded into the answers so far."""
-        if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+        if not line.startswith("data: "):  # [DONE] never comes here: :meth:`lines` ends before it
             return None
         try:
             chunk = json.loads(line[6:])

@@ -26,7 +26,6 @@ the event loop. Requests are tokenized off the event loop too.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -35,7 +34,16 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from halwatch.errors import HalwatchError, InputError
-from halwatch.serve.common import ApiError, ServerState, Worker, create_app, errors, watch_disconnect
+from halwatch.serve.common import (
+    STREAM_POLICIES,
+    ApiError,
+    ServerState,
+    Worker,
+    create_app,
+    errors,
+    read_json,
+    watch_disconnect,
+)
 
 OFFSET_UNIT = "unicode_code_point"
 
@@ -526,10 +534,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
     async def score(request: Request):
         """Score one item (an object: a result comes back) or a list of items (a list of results, in order).
         Refused at once with 429 and Retry-After when it cannot be answered within the server's time limit."""
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON (UTF-8)", "invalid_json") from None
+        body = await read_json(request)
         results = await service.score_body(body, request)
         return results if isinstance(body, list) else results[0]
 
@@ -550,7 +555,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
                       "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
                       "halwatch_context": {"anyOf": [{"type": "string"}, {"type": "array",
                                                                           "items": {"type": "string"}}]},
-                      "halwatch_stream_policy": {"enum": ["annotate", "hold", "stop"]},
+                      "halwatch_stream_policy": {"enum": list(STREAM_POLICIES)},
                       "halwatch_check_every": {"type": "integer", "minimum": 1}}}}}}})
     async def chat(request: Request):
         """The guard: the chat completion of the upstream LLM, with the verdict on its answer (``halwatch``)."""

@@ -1,7 +1,7 @@
 """Lexical support of an answer by its context: which words, n-grams, numbers and names of the response occur in
 the context. Pure functions of the two texts (no forward pass, no labels), so they do not move with the prompt's
 template, length or order of passages, and they see the whole context even where the token cap cut it (up to its
-last :data:`MAX_CONTEXT_CHARS` characters: :func:`readable`).
+last :data:`MAX_CONTEXT_CHARS` characters: :func:`halwatch.models.forward.attach_support`).
 
 Alignment features of this kind are what span-level hallucination detectors are built around (is the token, or the
 n-gram it closes, in the source); halwatch's fused detector uses them beside the white-box signals, both per answer
@@ -30,16 +30,6 @@ while who whom why will with would you your yours yourself yourselves one two ma
 #: characters). Reading a 3.9 MB context whole took 1.6 s of pure Python, which held the interpreter lock and
 #: stalled the service's event loop.
 MAX_CONTEXT_CHARS = 1 << 16
-
-
-def readable(context: str) -> str:
-    """The part of ``context`` the support reads: all of it, or its last :data:`MAX_CONTEXT_CHARS` characters from a
-    word boundary."""
-    if len(context) <= MAX_CONTEXT_CHARS:
-        return context
-    tail = context[-MAX_CONTEXT_CHARS:]
-    space = tail.find(" ")
-    return tail[space + 1 :] if 0 <= space < 64 else tail
 
 
 #: Names of the per-token features, in :func:`token_features`' column order.
