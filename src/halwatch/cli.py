@@ -74,6 +74,21 @@ def _add_task_option(p: argparse.ArgumentParser) -> None:
                         "(default: qa with a question, summary without)")
 
 
+def _confidence(text: str) -> float:
+    from halwatch.detectors.base import check_confidence
+
+    try:
+        return check_confidence(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def _add_min_span_confidence(p: argparse.ArgumentParser, where: str = "") -> None:
+    p.add_argument("--min-span-confidence", type=_confidence, default=None, metavar="P",
+                   help="leave out flagged spans whose confidence (the calibrated chance that the span marks "
+                        f"unsupported words) is below P{where} (default: the artifact's, 0 for the shipped ones)")
+
+
 def _read_input(path: str, skip_invalid: bool, task: str | None = None):
     from halwatch.data.jsonl import read_jsonl
 
@@ -190,6 +205,8 @@ def cmd_score(args) -> int:
     if args.input and not args.output:
         raise InputError("--input needs --output FILE")
     artifact = read_artifact(args.detector)
+    if args.min_span_confidence is not None:
+        artifact = {**artifact, "min_span_confidence": args.min_span_confidence}
     if args.ray is not None:
         return _score_on_ray(args, artifact)
     scorer = _scorer_from(args, artifact)
@@ -463,8 +480,9 @@ def cmd_serve(args) -> int:
     check_bind(args.host, key, args.insecure)
     configure_access_log(args.access_log)
     limits = Limits(max_items=args.max_items, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
-                    batch_padding=args.batch_padding,
-                    batch_wait=args.batch_wait_ms / 1000, queue_tokens=args.queue_tokens, timeout=args.timeout)
+                    batch_padding=args.batch_padding, batch_wait=args.batch_wait_ms / 1000,
+                    queue_tokens=args.queue_tokens, timeout=args.timeout,
+                    min_span_confidence=args.min_span_confidence)
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
                     upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,
@@ -518,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response", help="the answer to score")
     p.add_argument("--id", default="1", help="id of the single answer (default 1)")
     _add_task_option(p)
+    _add_min_span_confidence(p)
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)
     _add_ray_options(p, "score")
@@ -691,6 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-check-every", type=int, default=16, metavar="N",
                    help="stop policy: score the growing answer every N chunks (about a token each; default 16; per "
                         "request: halwatch_check_every)")
+    _add_min_span_confidence(p, "; per item: min_span_confidence")
     p.add_argument("--max-items", type=int, default=64, help="items per /v1/score request (default 64)")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="answers per forward batch (default auto: 1 on a CPU, where batching gains nothing, 8 on a "

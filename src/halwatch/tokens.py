@@ -14,6 +14,7 @@ In both modes the response is tokenized by itself, so its token offsets index ``
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,15 @@ INPUT_MODES = ("raw", "chat")
 DEFAULT_MAX_TOKENS = 1024
 
 log = logging.getLogger("halwatch")
+
+#: A word: letters and digits, with inner ``.``, ``,`` and ``'`` kept (``1,250.5``, ``don't``). Spans start and end
+#: on these, and the lexical support compares them with the context.
+WORD = re.compile(r"\w+(?:[.,']\w+)*", re.UNICODE)
+
+
+def words(text: str) -> list[tuple[str, int, int]]:
+    """``(lower-cased word, start, end)`` of every word of ``text``."""
+    return [(m.group(0).lower(), m.start(), m.end()) for m in WORD.finditer(text)]
 
 
 def bridge_gaps(flagged: np.ndarray, gap: int, owner: np.ndarray | None = None) -> np.ndarray:
@@ -60,34 +70,49 @@ class TokenView:
     def n_response(self) -> int:
         return len(self.input_ids) - self.n_prompt
 
-    def spans(self, token_scores, threshold: float, gap: int = 0) -> list[dict]:
-        """Character spans of the response tokens whose score is at least ``threshold``.
+    def word_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(starts, ends, first, last)``: the character range of every word of the response (:data:`WORD`) and,
+        per response token, the first and last word it overlaps (``first > last`` for a token of white space or
+        punctuation alone; a token can hold the end of one word and the start of the next)."""
+        found = words(self.sample.response)
+        starts = np.array([a for _, a, _ in found], dtype=np.int64)
+        ends = np.array([b for _, _, b in found], dtype=np.int64)
+        offsets = np.asarray(self.offsets, dtype=np.int64).reshape(-1, 2)
+        first = np.searchsorted(ends, offsets[:, 0], side="right")  # the first word ending after the token starts
+        last = np.searchsorted(starts, offsets[:, 1], side="left") - 1  # the last word starting before it ends
+        return starts, ends, first, last
 
-        Consecutive flagged tokens merge into one span, and so do flagged runs at most ``gap`` tokens apart; a
-        span's edges are trimmed of white space; its ``confidence`` is the highest token score inside it.
-        """
+    def word_scores(self, token_scores) -> np.ndarray:
+        """Per word of :meth:`word_index`, the highest score of the tokens it overlaps (a word split into several
+        tokens is as suspect as its most suspect piece)."""
         scores = np.asarray(token_scores, dtype=float)
         if scores.shape != (self.n_response,):
             raise ValueError(f"expected {self.n_response} token scores, got shape {scores.shape}")
-        flagged = bridge_gaps(scores >= threshold, gap)
+        starts, _, first, last = self.word_index()
+        out = np.full(len(starts), -np.inf)
+        one = first == last
+        np.maximum.at(out, first[one], scores[one])
+        for t in np.flatnonzero(first < last):
+            out[first[t]:last[t] + 1] = np.maximum(out[first[t]:last[t] + 1], scores[t])
+        return out
+
+    def spans(self, token_scores, threshold: float, gap: int = 0) -> list[dict]:
+        """Character spans of the words whose score (:meth:`word_scores`) is at least ``threshold``.
+
+        Spans start and end on word boundaries: a flagged word is flagged whole, whatever its tokens, and a span
+        never starts or ends on white space or punctuation. Consecutive flagged words merge into one span, and so do
+        flagged runs at most ``gap`` words apart; a span's ``confidence`` is the highest word score inside it.
+        """
+        scores = self.word_scores(token_scores)
+        starts, ends, _, _ = self.word_index()
         text = self.sample.response
+        flagged = bridge_gaps(scores >= threshold, gap)
         spans: list[dict] = []
-        run: list[int] = []
-        for i in [*range(self.n_response), None]:
-            if i is not None and flagged[i]:
-                run.append(i)
-                continue
-            if run:
-                start, end = self.offsets[run[0]][0], self.offsets[run[-1]][1]
-                while start < end and text[start].isspace():
-                    start += 1
-                while end > start and text[end - 1].isspace():
-                    end -= 1
-                if end > start:
-                    spans.append(
-                        {"start": start, "end": end, "text": text[start:end], "confidence": float(scores[run].max())}
-                    )
-                run = []
+        edges = np.flatnonzero(np.diff(np.r_[0, flagged.astype(np.int8), 0]))
+        for first, stop in zip(edges[::2], edges[1::2]):
+            start, end = int(starts[first]), int(ends[stop - 1])
+            spans.append({"start": start, "end": end, "text": text[start:end],
+                          "confidence": float(scores[first:stop].max())})
         return spans
 
     @property

@@ -36,7 +36,7 @@ import numpy as np
 
 from halwatch.detectors.calibration import Calibrator, best_f1_threshold
 from halwatch.detectors.linear import folds_of
-from halwatch.detectors.spans import PLAIN, fit_span_rule, rule_spans
+from halwatch.detectors.spans import PLAIN, fit_span_confidence, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
@@ -96,6 +96,17 @@ def groups_of(views) -> np.ndarray | None:
     return None if views is None else np.array([v.sample.source for v in views])
 
 
+def check_confidence(value) -> float:
+    """A minimum span confidence: a number in [0, 1], or an :class:`InputError` saying so."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"min_span_confidence must be a number in [0, 1], not {value!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise InputError(f"min_span_confidence must be in [0, 1], not {value:g}")
+    return value
+
+
 class Detector:
     """Base class: subclasses set ``name`` and ``citation`` and implement ``request`` and ``raw_scores``
     (and optionally ``token_scores``, ``fit_method``, ``state``/``set_state``)."""
@@ -119,6 +130,8 @@ class Detector:
         self.threshold: float | None = None
         self.token_threshold: float | None = None
         self.span_rule: dict = dict(PLAIN)  # how token scores become spans (detectors.spans)
+        self.span_calibration: dict | None = None  # a span's raw score -> its confidence (detectors.spans)
+        self.min_span_confidence = 0.0  # spans below this confidence are left out of verdicts
         self.identity: dict = {}
         self.fitted_on: dict = {}
         self.ood_reference: dict | None = None  # see ood()
@@ -302,11 +315,17 @@ class Detector:
     def _fit_token_rule(self, tokens, probs, labels, views) -> tuple[float, dict, dict | None]:
         """``(token threshold, span rule, probe span figures)``. Where the probe data has gold spans, the rule with
         the best character-level span F1 on the probe's (held-out) token and answer scores
-        (:mod:`halwatch.detectors.spans`); otherwise the plain rule at the 95th percentile of token scores in grounded
-        probe responses (a token is flagged when it is rarer than that in grounded answers), and no figures."""
+        (:mod:`halwatch.detectors.spans`) among those that give a span to at most one in ten grounded probe answers,
+        and the spans' confidence calibration; otherwise the plain rule at the 95th
+        percentile of token scores in grounded probe responses (a token is flagged when it is rarer than that in
+        grounded answers), and no figures."""
         if views is not None:  # fit_signals keeps views only when the probe has gold spans
             keep = [i for i, v in enumerate(views) if v.has_token_labels]  # not answers flagged without spans
-            return fit_span_rule([tokens[i] for i in keep], [views[i] for i in keep], probs[keep], self.threshold)
+            tokens, views, probs = [tokens[i] for i in keep], [views[i] for i in keep], probs[keep]
+            threshold, rule, fit = fit_span_rule(tokens, views, probs, self.threshold)
+            self.span_calibration, fit["confidence"] = fit_span_confidence(tokens, views, probs, self.threshold,
+                                                                            threshold, rule)
+            return threshold, rule, fit
         grounded = [t for t, label in zip(tokens, labels) if label == 0]
         return float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN), None
 
@@ -373,27 +392,35 @@ class Detector:
     def predict(self, samples: list[Sample]) -> np.ndarray:
         return self.score(samples) >= self.threshold
 
-    def spans_from(self, view: TokenView, signals: Signals, prob: float | None = None) -> list[dict]:
-        """The flagged character spans of one response under the fitted span rule; ``prob``, the response's
-        probability of hallucination, is computed when the rule needs it and it is not given."""
+    def spans_from(self, view: TokenView, signals: Signals, prob: float | None = None,
+                   min_confidence: float = 0.0) -> list[dict]:
+        """The flagged word spans of one response under the fitted span rule, with their confidence (calibrated
+        where the detector was fitted on human spans), less those below ``min_confidence``; ``prob``, the
+        response's probability of hallucination, is computed when the rule needs it and it is not given."""
         self._require_fitted()
         tokens = self.token_scores([signals])
         if tokens is None or self.token_threshold is None:
             return []
         if prob is None and self.span_rule != PLAIN:
             prob = float(self.score_signals([signals])[0])
-        return rule_spans(view, tokens[0], prob or 0.0, self.threshold, self.token_threshold, self.span_rule)
+        return rule_spans(view, tokens[0], prob or 0.0, self.threshold, self.token_threshold, self.span_rule,
+                          self.span_calibration, min_confidence)
 
-    def verdicts(self, views: list[TokenView], signals: list[Signals]) -> list[dict]:
+    def verdicts(self, views: list[TokenView], signals: list[Signals],
+                 min_span_confidence: float | None = None) -> list[dict]:
         """What ``halwatch score`` and the service report for each response: ``id``, ``score`` (probability of
         hallucination), ``hallucinated`` (score >= ``threshold``), ``threshold``, ``spans`` (character offsets into
-        the response, Python string indices = Unicode code points, with the text and a confidence), the detector,
+        the response, Python string indices = Unicode code points, with the text and a confidence; those below
+        ``min_span_confidence`` left out, by default :attr:`min_span_confidence`), the detector,
         scoring model and input mode, and ``truncated``: how many context tokens were cut to fit the token cap
         (the response is never cut)."""
         probs = self.score_signals(signals)
         ood = self.ood(signals) or [None] * len(views)
+        if min_span_confidence is None:
+            min_span_confidence = self.min_span_confidence
         return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
-                 "threshold": round(float(self.threshold), 4), "spans": self.spans_from(view, sig, float(p)),
+                 "threshold": round(float(self.threshold), 4),
+                 "spans": self.spans_from(view, sig, float(p), min_span_confidence),
                  "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
                  "input_mode": view.input_mode, "truncated": view.cut_tokens,
                  **({"ood": far} if far is not None else {})}
@@ -419,6 +446,8 @@ class Detector:
             "threshold": self.threshold,
             "token_threshold": self.token_threshold,
             "span_rule": self.span_rule,
+            "span_calibration": self.span_calibration,
+            "min_span_confidence": self.min_span_confidence,
             "state": self.state(),
             "ood_reference": self.ood_reference,
             "fitted_on": self.fitted_on,
@@ -442,6 +471,8 @@ class Detector:
         det.threshold = d["threshold"]
         det.token_threshold = d.get("token_threshold")
         det.span_rule = {**PLAIN, **d.get("span_rule", {})}  # artifacts from before the rule: the plain one
+        det.span_calibration = d.get("span_calibration")
+        det.min_span_confidence = check_confidence(d.get("min_span_confidence", 0.0))
         det.identity = {k: d[k] for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype",
                                           "signal_versions") if k in d}
         stale = {name: v for name, v in det.identity.get("signal_versions", {}).items()

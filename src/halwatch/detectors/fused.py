@@ -16,11 +16,13 @@ The attention-sink feature (the mean attention on the first input token) was dro
 length and template rather than with support (about +2 logits per token on 100-token prompts and about 0 on RAGTruth's
 300-token ones), a shortcut that made every short answer over a short context look hallucinated.
 
-Token level (``tokens``): a logistic regression on every response token's features (the lookback ratio, MTop-Div
-edge weight and log self-attention of every head, the middle layer's hidden state, surprisal, entropy, the relative
-position and the token's lexical support flags), trained on the human span labels (a token is hallucinated when it
-overlaps a gold span; an answer labelled hallucinated without spans is left out of this loss). Its probabilities,
-smoothed over ``smooth`` neighbouring tokens, are the detector's token scores and give its spans; their maximum,
+Token level (``tokens``): a model of every response token's features (the lookback ratio, MTop-Div edge weight
+and log self-attention of every head, the middle layer's hidden state, surprisal, entropy, the relative position and
+the token's lexical support flags), trained on the human span labels (a token is hallucinated when it overlaps a gold
+span; an answer labelled hallucinated without spans is left out of this loss). ``token_kind="bigru"`` (the default)
+reads the answer's tokens in both directions (:mod:`halwatch.detectors.sequence`), so that each token is judged with
+its neighbours; ``"linear"`` is a logistic regression on each token alone, its probabilities smoothed over ``smooth``
+neighbouring tokens. The token probabilities are the detector's token scores and give its spans; their maximum,
 top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a whole-answer
 mean dilutes them).
 
@@ -39,11 +41,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.detectors import linear
+from halwatch.detectors import linear, sequence
 from halwatch.detectors.base import Detector, cross_fit
 from halwatch.detectors.linear import folds_of
 from halwatch.models.forward import SignalRequest, whitebox_request
 
+TOKEN_KINDS = ("bigru", "linear")
 FAMILIES = ("lookback", "toha", "diag", "hidden", "uncertainty", "support")
 POOLED = ("token_max", "token_top", "token_mean")
 #: The inverse regularisation strengths the token classifier chooses from (``token_C="cv"``): on the order of one
@@ -73,17 +76,21 @@ class Fused(Detector):
 
     def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_C: float | str = "cv",
                  folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
-                 drop: tuple | list | str = (), balance: bool = False, **settings):
+                 drop: tuple | list | str = (), balance: bool = False, token_kind: str = "bigru",
+                 token_epochs: int = sequence.EPOCHS, token_hidden: int = sequence.HIDDEN, **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
             drop = [part for part in drop.split("+") if part]
         unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
         if unknown:
             raise ValueError(f"drop: unknown signal families {unknown}: choose from {FAMILIES + ('tokens', 'length')}")
+        if token_kind not in TOKEN_KINDS:
+            raise ValueError(f"token_kind: choose one of {', '.join(TOKEN_KINDS)}, not {token_kind!r}")
         if not 0 < float(negatives) <= 1:
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
-                         balance=bool(balance), **settings)
+                         balance=bool(balance), token_kind=token_kind, token_epochs=int(token_epochs),
+                         token_hidden=int(token_hidden), **settings)
         self.families: dict = {}
         self.token_model: dict | None = None
         self.stacker: dict = {}
@@ -128,9 +135,12 @@ class Fused(Detector):
 
     # ---- pieces -------------------------------------------------------------------------------------------------
     def _fit_tokens(self, x: list, y: list, C="cv", groups=None) -> dict:
-        """The token classifier on every hallucinated token and a seeded ``negatives`` share of the others, each
-        kept negative weighted by the inverse of that share (the weighted log-loss estimates the full one; the
-        matrix shrinks about threefold). ``groups``: the source of each answer, for the choice of ``C``."""
+        """The token model: the bidirectional GRU (:mod:`halwatch.detectors.sequence`), or the logistic regression
+        on every hallucinated token and a seeded ``negatives`` share of the others, each kept negative weighted by
+        the inverse of that share (the weighted log-loss estimates the full one; the matrix shrinks about
+        threefold). ``groups``: the source of each answer, for the choice of ``C``."""
+        if self.settings["token_kind"] == "bigru":
+            return sequence.fit(x, y, hidden=self.settings["token_hidden"], epochs=self.settings["token_epochs"])
         owner = np.concatenate([np.full(len(t), i if groups is None else groups[i]) for i, t in enumerate(x)])
         labels = np.concatenate(y).astype(np.float32)
         rate = float(self.settings["negatives"])
@@ -140,6 +150,8 @@ class Fused(Detector):
                           folds=3, weights=weights)
 
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
+        if model.get("kind") == "bigru":
+            return [_sigmoid(z) for z in sequence.logodds(model, x)]
         return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
 
     def _pooled(self, probs: list[np.ndarray]) -> np.ndarray:
@@ -190,7 +202,7 @@ class Fused(Detector):
         held_family = {name: np.array(family(name, c)) for name, c in chosen.items()}
         pooled, held_tokens, token_C = None, None, self.settings["token_C"]
         if use_tokens:
-            if token_C == "cv":
+            if token_C == "cv" and self.settings["token_kind"] == "linear":
                 token_C = token_fit(np.arange(n), "cv")["C"]
             held_tokens = cross_fit(folds, lambda tr: token_fit(tr, token_C),
                                     lambda m, held: self._token_probs(m, [tok_x[i] for i in held]), n)[0]

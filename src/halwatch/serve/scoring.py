@@ -83,6 +83,9 @@ class ScoreItem(BaseModel):
     response: Text = Field(description="the answer to score")
     detector: str | None = Field(None, description="a loaded detector (GET /v1/detectors; default: the server's "
                                                    "default)")
+    min_span_confidence: float | None = Field(
+        None, ge=0, le=1, description="leave out spans whose confidence is below this (default: the server's, set by "
+                                      "serve --min-span-confidence, else 0: every span)")
 
     def sample(self, index: int):
         from halwatch.sample import Sample
@@ -167,6 +170,7 @@ class _Job:
     future: asyncio.Future
     tokens: int = 0
     queued_at: float = 0.0
+    min_span_confidence: float | None = None
     waited: float = 0.0
     computed: float = 0.0
 
@@ -202,7 +206,8 @@ BATCH_SIZE = {"cpu": 1, "cuda": 8, "mps": 8}
 class Limits:
     """The service's limits. ``batch_size``: answers per forward batch, or ``None`` for the device's choice
     (:data:`BATCH_SIZE`). ``batch_padding``: the largest share of a batch's positions that may be padding (padding
-    is paid in full; 1.0 batches any lengths together)."""
+    is paid in full; 1.0 batches any lengths together). ``min_span_confidence``: the spans a result leaves out unless
+    a request says otherwise (``None``: each detector artifact's own, 0 unless set)."""
 
     max_items: int = 64
     batch_size: int | None = None  # None: 1 on a CPU (batching gains nothing there), 8 on a GPU
@@ -211,6 +216,7 @@ class Limits:
     batch_wait: float = 0.005
     queue_tokens: int = 1 << 18
     timeout: float = 120.0
+    min_span_confidence: float | None = None
 
 
 class ScoringService:
@@ -250,6 +256,8 @@ class ScoringService:
                 scorers[key] = Scorer.from_options(model=self.models.get(key[0]), identity=artifact, cache=None,
                                                    device=self.device, dtype=self.dtype)
             self.detectors[name] = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorers[key])
+            if self.limits.min_span_confidence is not None:
+                self.detectors[name].min_span_confidence = self.limits.min_span_confidence
             self.detectors[name]._scorer().model  # load the model now, not on the first request
         if self.limits.batch_size is None:
             device = next(iter(scorers.values())).model.device.type
@@ -306,7 +314,8 @@ class ScoringService:
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
         now = loop.time()
-        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids), now) for det, view in prepared]
+        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids), now, item.min_span_confidence)
+                for (det, view), item in zip(prepared, items)]
         cost = sum(job.cost for job in jobs)
         facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
         facts.update(items=len(jobs), tokens=sum(job.tokens for job in jobs))
@@ -399,7 +408,8 @@ class ScoringService:
             views = [batch[i].view for i in indices]
             signals = scorer.signals([v.sample for v in views], request, views=views)
             for i, sig in zip(indices, signals):
-                results[i] = batch[i].detector.verdicts([batch[i].view], [sig])[0] | {"offset_unit": OFFSET_UNIT}
+                results[i] = (batch[i].detector.verdicts([batch[i].view], [sig], batch[i].min_span_confidence)[0]
+                              | {"offset_unit": OFFSET_UNIT})
         return results
 
     async def check(self, query: str) -> dict:

@@ -10,11 +10,10 @@ n-gram it closes, in the source); halwatch's fused detector uses them beside the
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-WORD = re.compile(r"\w+(?:[.,']\w+)*", re.UNICODE)
+from halwatch.tokens import words
+
 #: English function words: never counted as unsupported content.
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being below between both
@@ -37,11 +36,6 @@ TOKEN_FEATURES = ("novel_word", "novel_bigram", "novel_trigram", "novel_number",
 #: Names of the per-answer features, in :func:`answer_features`' order.
 ANSWER_FEATURES = ("novel_word_share", "novel_bigram_share", "novel_trigram_share", "log_novel_numbers",
                    "log_novel_names", "log_longest_novel_run", "any_novel_number", "any_novel_name")
-
-
-def words(text: str) -> list[tuple[str, int, int]]:
-    """``(lower-cased word, start, end)`` of every word of ``text`` (numbers keep their inner ``.`` and ``,``)."""
-    return [(m.group(0).lower(), m.start(), m.end()) for m in WORD.finditer(text)]
 
 
 def _norm_number(word: str) -> str:

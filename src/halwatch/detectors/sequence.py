@@ -1,0 +1,110 @@
+"""The fused detector's token model: a small bidirectional GRU over an answer's token features.
+
+Each response token's features (every head's lookback ratio, MTop-Div edge weight and log self-attention, the middle
+layer's hidden state, surprisal, entropy, position and the lexical support flags: ``Fused.token_features``) are
+standardised, projected to ``2 * hidden`` units, read in both directions by one GRU layer of ``hidden`` units, and
+mapped to the log-odds that the token lies in a human-labelled hallucinated span. Reading the answer both ways is what
+a per-token classifier cannot do: a word is judged with its neighbours (a made-up name is a phrase, and a supported
+word inside a made-up clause is still part of it), so spans start and end at phrase boundaries without a hand-set
+gap. Answers are packed by length, so a batch scores each answer exactly as it scores it alone.
+
+Training: binary cross-entropy over the tokens of answers with token labels (:attr:`TokenView.has_token_labels`),
+AdamW (learning rate 1e-3, weight decay 1e-2), dropout 0.2 on the inputs, mini-batches of 32 answers of similar
+length, a fixed number of epochs chosen on the dev split, seeded. halwatch's own design (the issue's "sequence model
+over the answer"), not a published method's; the weights ship in the artifact as float32 (about 0.4 MB for the
+default model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from halwatch.detectors.classifiers import pack, unpack
+
+HIDDEN = 32
+EPOCHS = 4
+BATCH = 32
+
+
+def _module(n_in: int, hidden: int):
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.2)
+            self.inp = torch.nn.Linear(n_in, 2 * hidden)
+            self.rnn = torch.nn.GRU(2 * hidden, hidden, batch_first=True, bidirectional=True)
+            self.out = torch.nn.Linear(2 * hidden, 1)
+
+        def forward(self, x, lengths):
+            h = torch.nn.functional.gelu(self.inp(self.drop(x)))
+            packed = torch.nn.utils.rnn.pack_padded_sequence(h, lengths, batch_first=True, enforce_sorted=False)
+            h, _ = self.rnn(packed)
+            h, _ = torch.nn.utils.rnn.pad_packed_sequence(h, batch_first=True, total_length=x.shape[1])
+            return self.out(h)[..., 0]
+
+    return Net()
+
+
+def _batch(x: list[np.ndarray], mean, std, rows):
+    import torch
+
+    lengths = [len(x[i]) for i in rows]
+    out = np.zeros((len(rows), max(lengths), len(mean)), dtype=np.float32)
+    for k, i in enumerate(rows):
+        out[k, :lengths[k]] = (x[i] - mean) / std
+    return torch.from_numpy(out), torch.tensor(lengths)
+
+
+def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: int = EPOCHS, seed: int = 0) -> dict:
+    """The token model on answers ``x`` (each ``[R, F]``) with token labels ``y`` (each ``[R]``, 0/1)."""
+    import torch
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    stacked = np.concatenate(x).astype(np.float64)
+    mean, std = stacked.mean(0), stacked.std(0)
+    std = np.where(std > 1e-6, std, 1.0)
+    del stacked
+    mean, std = mean.astype(np.float32), std.astype(np.float32)
+    net = _module(x[0].shape[1], hidden)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
+    order = np.argsort([len(t) for t in x], kind="stable")
+    chunks = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
+    net.train()
+    for _ in range(epochs):
+        for k in rng.permutation(len(chunks)):
+            rows = chunks[k]
+            batch, lengths = _batch(x, mean, std, rows)
+            target = torch.zeros(batch.shape[:2])
+            mask = torch.zeros(batch.shape[:2])
+            for j, i in enumerate(rows):
+                target[j, :len(y[i])] = torch.from_numpy(np.asarray(y[i], dtype=np.float32))
+                mask[j, :len(y[i])] = 1.0
+            logits = net(batch, lengths)
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+                    * mask).sum() / mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {"kind": "bigru", "hidden": hidden, "n_in": int(len(mean)), "mean": pack(mean), "std": pack(std),
+            "state": {k: pack(v.detach().numpy()) for k, v in net.state_dict().items()}}
+
+
+def logodds(model: dict, x: list[np.ndarray]) -> list[np.ndarray]:
+    """Per answer of ``x``, the log-odds of every token."""
+    import torch
+
+    net = _module(model["n_in"], model["hidden"])
+    net.load_state_dict({k: torch.tensor(unpack(v), dtype=torch.float32) for k, v in model["state"].items()})
+    net.eval()
+    mean, std = unpack(model["mean"]).astype(np.float32), unpack(model["std"]).astype(np.float32)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(x), BATCH):
+            rows = list(range(start, min(start + BATCH, len(x))))
+            batch, lengths = _batch(x, mean, std, rows)
+            z = net(batch, lengths).numpy().astype(float)
+            out += [z[k, :lengths[k]] for k in range(len(rows))]
+    return out
