@@ -21,6 +21,10 @@ from halwatch.serve.scoring import Limits, build_app
 
 INSULIN = {"context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
            "question": "Which cells produce insulin?"}
+EIFFEL = {"context": "The Eiffel Tower in Paris was completed in 1889 and was designed by the company of Gustave "
+                      "Eiffel.",
+          "question": "When was the Eiffel Tower completed and who designed it?",
+          "response": "The Eiffel Tower was completed in 1925 and was designed by Napoleon Bonaparte."}
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +410,36 @@ def test_the_page_in_headless_chromium(service, chromium, tmp_path):
     finally:
         page.close()
     assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_the_default_highlights_the_made_up_words_on_the_page(service, chromium):
+    """Issue 33's example on the page with the default detector: the highlight is the made-up year and name and
+    nothing the context supports; each mark shows its confidence on hover; a request that asks for confident spans
+    only gets those."""
+    page = chromium.new_page()
+    try:
+        page.goto(service.url + "/")
+        page.wait_for_selector("#detector option[value='default']", state="attached")
+        page.fill("#context", EIFFEL["context"])
+        page.fill("#question", EIFFEL["question"])
+        page.fill("#answer", EIFFEL["response"])
+        page.click("#check")
+        page.wait_for_selector(".result")
+        marks = page.locator(".result mark")
+        marked = [marks.nth(i).inner_text() for i in range(marks.count())]
+        titles = [marks.nth(i).get_attribute("title") for i in range(marks.count())]
+    finally:
+        page.close()
+    assert any("1925" in m for m in marked) and any("Napoleon Bonaparte" in m for m in marked), marked
+    supported = {w.lower() for w in EIFFEL["context"].replace(".", "").split()}
+    assert not [w for m in marked for w in m.split() if w.lower() in supported], marked
+    assert all(t.startswith("confidence ") for t in titles)
+    confidences = sorted(float(t.split()[1]) for t in titles)
+    strict = Client(service.url).score(**EIFFEL, min_span_confidence=(confidences[0] + confidences[-1]) / 2)
+    assert 0 < len(strict["spans"]) < len(marked) or confidences[0] == confidences[-1]
+    assert all(span["confidence"] >= (confidences[0] + confidences[-1]) / 2 for span in strict["spans"])
+    refused = httpx.post(service.url + "/v1/score", json={**EIFFEL, "min_span_confidence": 1.5})
+    assert refused.status_code == 422 and "min_span_confidence" in refused.text
 
 
 def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzzed(smol, chromium, tmp_path):
