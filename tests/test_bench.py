@@ -77,6 +77,9 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     row = next(r for r in bench.rows if r["protocol"] == "ragtruth-official" and r["detector"] == "toha"
                and r["seed"] == 0 and r["dataset"] == datasets[0])
     assert row["f1"] == pytest.approx(f1_score(labels[test], probs >= det.threshold))
+    spans = [det.spans_from(views[i], signals[i], p) for i, p in zip(test, probs)]  # and its grounded answers' spans
+    clean = [not x for x, i in zip(spans, test) if labels[i] == 0]
+    assert row["grounded_without_span"] == pytest.approx(np.mean(clean))
     save_results(tmp_path, bench.rows, bench.predictions)
     save_results(tmp_path, bench.rows, bench.predictions)  # a rerun replaces, never duplicates
     assert len(json.loads((tmp_path / "results.json").read_text())) == len(bench.rows)

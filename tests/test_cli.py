@@ -84,6 +84,8 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     (["score", "--response", "r", "--prompt", "p", "--input-mode", "chat"], "fitted with input_mode=raw"),
     (["score", "--response", "", "--prompt", "p"], "empty response"),
     (["score", "--input", "x.jsonl"], "--input needs --output"),
+    (["score", "--response", "r", "--prompt", "p", "--min-span-confidence", "1.5"],
+     "min_span_confidence must be in [0, 1], not 1.5"),
 ])
 def test_clear_errors(args, message):
     proc = run(*args, check=False)

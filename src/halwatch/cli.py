@@ -74,17 +74,8 @@ def _add_task_option(p: argparse.ArgumentParser) -> None:
                         "(default: qa with a question, summary without)")
 
 
-def _confidence(text: str) -> float:
-    from halwatch.detectors.base import check_confidence
-
-    try:
-        return check_confidence(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(exc.problem) from None
-
-
 def _add_min_span_confidence(p: argparse.ArgumentParser, where: str = "") -> None:
-    p.add_argument("--min-span-confidence", type=_confidence, default=None, metavar="P",
+    p.add_argument("--min-span-confidence", type=float, default=None, metavar="P",
                    help="leave out flagged spans whose confidence (the calibrated chance that the span marks "
                         f"unsupported words) is below P{where} (default: the artifact's, 0 for the shipped ones)")
 
@@ -197,6 +188,7 @@ def _score_on_ray(args, artifact: dict) -> int:
 
 def cmd_score(args) -> int:
     from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors.base import check_confidence
     from halwatch.sample import Sample
 
     single = args.response is not None
@@ -206,7 +198,7 @@ def cmd_score(args) -> int:
         raise InputError("--input needs --output FILE")
     artifact = read_artifact(args.detector)
     if args.min_span_confidence is not None:
-        artifact = {**artifact, "min_span_confidence": args.min_span_confidence}
+        artifact = {**artifact, "min_span_confidence": check_confidence(args.min_span_confidence)}
     if args.ray is not None:
         return _score_on_ray(args, artifact)
     scorer = _scorer_from(args, artifact)
@@ -473,6 +465,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from halwatch.detectors.base import check_confidence
     from halwatch.serve.common import api_key_from, check_bind, configure_access_log, serve
     from halwatch.serve.scoring import Limits, build_app
 
@@ -482,7 +475,8 @@ def cmd_serve(args) -> int:
     limits = Limits(max_items=args.max_items, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                     batch_padding=args.batch_padding, batch_wait=args.batch_wait_ms / 1000,
                     queue_tokens=args.queue_tokens, timeout=args.timeout,
-                    min_span_confidence=args.min_span_confidence)
+                    min_span_confidence=None if args.min_span_confidence is None
+                    else check_confidence(args.min_span_confidence))
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
                     upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,

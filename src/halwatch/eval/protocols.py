@@ -181,7 +181,8 @@ class Bench:
     @staticmethod
     def span_metrics(det, signals, views, probs) -> dict:
         """Span-level figures of a fitted detector on test responses that have gold spans: character-level
-        precision, recall and F1 of its flagged spans (and the F1 of flagging every character), and, for a detector
+        precision, recall and F1 of its flagged spans (and the F1 of flagging every character), the share of grounded
+        answers left without a span, the span F1 of each answer shape where the set has several, and, for a detector
         with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``); with
         the span rule and its F1 on the training answers it was chosen on."""
         from halwatch.detectors.spans import describe_rule
@@ -189,9 +190,19 @@ class Bench:
         if det.token_threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]
-        out = span_scores([det.spans_from(v, s, p) for v, s, p in zip(views, signals, probs)], gold)
+        predicted = [det.spans_from(v, s, p) for v, s, p in zip(views, signals, probs)]
+        out = span_scores(predicted, gold)
         everything = [[{"start": 0, "end": len(v.sample.response)}] for v in views]  # flag every character
         out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
+        clean = [not spans for spans, v in zip(predicted, views) if v.sample.label == 0]
+        if clean:
+            out["grounded_without_span"] = float(np.mean(clean))  # spans that do not cry wolf
+        shapes = sorted({str(v.sample.meta["shape"]) for v in views if "shape" in v.sample.meta})
+        if len(shapes) > 1:  # a set built of several answer shapes (squad-shapes): each shape's span F1
+            out["span_f1_by_shape"] = {shape: span_scores(
+                [p for p, v in zip(predicted, views) if str(v.sample.meta.get("shape")) == shape],
+                [v.sample.spans for v in views if str(v.sample.meta.get("shape")) == shape])["span_f1"]
+                for shape in shapes}
         out["span_rule"] = describe_rule(det.span_rule)  # chosen on the training answers (detectors.spans)
         if "span_fit" in det.fitted_on:
             out["span_fit_f1"] = det.fitted_on["span_fit"]["f1"]  # its F1 there, held out for a supervised detector

@@ -13,8 +13,8 @@ import numpy as np
 
 METRICS = ("auroc", "auc_pr", "f1", "accuracy", "precision", "recall", "trivial_f1")
 #: Span-level figures, present for detectors with token scores on data with gold spans (Bench.span_metrics).
-SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "window_auroc", "window_auc_pr",
-                "window_f1", "window_trivial_f1")
+SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "grounded_without_span",
+                "window_auroc", "window_auc_pr", "window_f1", "window_trivial_f1")
 
 
 def _group(rows, *keys):
@@ -235,6 +235,7 @@ def write_report(out_dir) -> Path:
             having = [r for r in group if metric in r]
             if having:
                 what = ("character level, flagged spans vs gold spans" if metric.startswith("span")
+                        else "share of grounded answers with no span" if metric == "grounded_without_span"
                         else "over the sliding windows of the test responses")
                 lines += [f"**{metric}** ({what}; mean ± std over seeds)", "", mean_std_table(having, metric), ""]
         avg, tests = ranks_and_tests(group)
