@@ -384,6 +384,18 @@ def test_stream_policies_through_the_official_client(guarded):
     assert bad.status_code == 400 and "annotate, hold, stop" in bad.json()["error"]["message"]
 
 
+def _check_on_page(page, url: str, item: dict, detector: str):
+    """Type ``item`` into the page at ``url``, check it with ``detector`` and return the highlighted marks."""
+    page.goto(url + "/")
+    page.wait_for_selector(f"#detector option[value='{detector}']", state="attached")
+    for field, key in (("#context", "context"), ("#question", "question"), ("#answer", "response")):
+        page.fill(field, item[key])
+    page.select_option("#detector", detector)
+    page.click("#check")
+    page.wait_for_selector(".result")
+    return page.locator(".result mark")
+
+
 def test_the_page_in_headless_chromium(service, chromium, tmp_path):
     """The web page as a user sees it: type an example, submit, and the answer comes back with the unsupported
     words highlighted as the API flags them."""
@@ -392,15 +404,7 @@ def test_the_page_in_headless_chromium(service, chromium, tmp_path):
     assert expected["spans"], "the example should have a flagged span"
     page = chromium.new_page()
     try:
-        page.goto(service.url + "/")
-        page.wait_for_selector("#detector option[value='lookback-lens']", state="attached")
-        page.fill("#context", INSULIN["context"])
-        page.fill("#question", INSULIN["question"])
-        page.fill("#answer", answer)
-        page.select_option("#detector", "lookback-lens")
-        page.click("#check")
-        page.wait_for_selector(".result")
-        marks = page.locator(".result mark")
+        marks = _check_on_page(page, service.url, {**INSULIN, "response": answer}, "lookback-lens")
         assert [marks.nth(i).inner_text() for i in range(marks.count())] == [s["text"] for s in expected["spans"]]
         assert marks.first.get_attribute("title").startswith("confidence ")
         verdict = page.inner_text(".result .verdict")
@@ -418,14 +422,7 @@ def test_the_default_highlights_the_made_up_words_on_the_page(service, chromium)
     only gets those."""
     page = chromium.new_page()
     try:
-        page.goto(service.url + "/")
-        page.wait_for_selector("#detector option[value='default']", state="attached")
-        page.fill("#context", EIFFEL["context"])
-        page.fill("#question", EIFFEL["question"])
-        page.fill("#answer", EIFFEL["response"])
-        page.click("#check")
-        page.wait_for_selector(".result")
-        marks = page.locator(".result mark")
+        marks = _check_on_page(page, service.url, EIFFEL, "default")
         marked = [marks.nth(i).inner_text() for i in range(marks.count())]
         titles = [marks.nth(i).get_attribute("title") for i in range(marks.count())]
     finally:
