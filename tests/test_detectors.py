@@ -129,5 +129,5 @@ def test_shipped_artifacts_load_and_name_their_data():
     assert len(load_detector("toha").heads) <= load_detector("toha").settings["n_max"]
     for name in shipped:
         det = load_detector(name)
-        assert det.identity["scoring_model"] == "smollm2-135m" and "RAGTruth" in det.fitted_on["data"]
+        assert det.identity["scoring_model"] == "smollm2-135m" and "ragtruth" in det.fitted_on["data"].lower()
         assert det.fitted_on["n"] >= 100 and 0 < det.threshold < 1

@@ -84,7 +84,7 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path):
     listing = httpx.get(service.url + "/v1/detectors").json()
     assert listing["default"] == "default"
     assert {d["name"] for d in listing["detectors"]} == {"default", "lookback-lens"}
-    assert all("RAGTruth" in d["fitted_on"]["data"] for d in listing["detectors"])
+    assert all("ragtruth" in d["fitted_on"]["data"].lower() for d in listing["detectors"])
 
 
 def test_a_long_context_is_cut_and_says_so(service, probe):
