@@ -25,7 +25,7 @@ def test_score_one_answer():
               "--response", "Insulin is produced by red blood cells in the bone marrow.")
     result = json.loads(out.stdout)
     assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "detector", "scoring_model",
-                           "input_mode", "truncated", "ood"}
+                           "input_mode", "truncated", "windows", "ood"}
     assert set(result["ood"]) == {"distance", "percentile", "extrapolated"}
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:
@@ -53,16 +53,17 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     fitted = run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512")
     fitted_on = json.loads(art.read_text())["fitted_on"]
     assert fitted_on["n"] == 12 and "span rule: gap " in fitted.stderr
+    share = fitted_on["span_fit"]["grounded_with_span"]
+    assert f"a span in {share:.0%} of the grounded ones" in fitted.stderr
     # the span F1 the fit reports (perplexity is unsupervised: its probe scores are the artifact's own) is the
     # benchmark's character F1 of the spans `score` gives on the same answers
     scored = tmp_path / "train-scored.jsonl"
     run("score", "--input", str(train), "--output", str(scored), "--detector", str(art))
-    predicted = [json.loads(line)["spans"] for line in scored.read_text().splitlines()]
+    rows = [json.loads(line) for line in scored.read_text().splitlines()]
     gold = [s.spans for s in probe[:6] + probe[-6:]]
-    assert span_scores(predicted, gold)["span_f1"] == pytest.approx(fitted_on["span_fit"]["f1"], abs=1e-4)
-    out2 = tmp_path / "out2.jsonl"
-    run("score", "--input", str(data), "--output", str(out2), "--detector", str(art))
-    assert all(json.loads(line)["detector"] == "perplexity" for line in out2.read_text().splitlines())
+    assert span_scores([r["spans"] for r in rows], gold)["span_f1"] == pytest.approx(fitted_on["span_fit"]["f1"],
+                                                                                    abs=1e-4)
+    assert all(r["detector"] == "perplexity" for r in rows)
 
     # a bad record: one-line error naming it, exit 2, nothing written
     bad = tmp_path / "bad.jsonl"
@@ -178,3 +179,25 @@ def test_score_a_summary_without_a_question(tmp_path):
     assert dialogue["score"] != out["score"]
     bad = run("score", "--no-cache", "--context", article, "--task", "qa", "--response", "x", check=False)
     assert bad.returncode == 2 and "task 'qa' needs a question" in bad.stderr
+
+
+def test_bench_kinds_have_their_own_options_and_run_is_the_default(capsys):
+    from halwatch.cli import _bench_default_kind, build_parser
+
+    parser = build_parser()
+    for kind, foreign in (("speed", "--protocol"), ("serve", "--map-from-model"), ("relevance", "--clients"),
+                          ("invariance", "--sweeps"), ("calibration", "--lengths")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", kind, "--help"])
+        shown = capsys.readouterr().out
+        assert f"usage: halwatch bench {kind}" in shown and foreign not in shown
+        with pytest.raises(SystemExit):  # an option of another kind is refused, not ignored
+            parser.parse_args(["bench", kind, foreign, "x"])
+        assert "unrecognized arguments" in capsys.readouterr().err
+    # `halwatch bench --protocol ...`, as the published commands.txt files say, is `halwatch bench run ...`
+    argv = ["-q", "bench", "--protocol", "dev", "--detectors", "toha", "--datasets", "ragtruth:all"]
+    args = parser.parse_args(_bench_default_kind(argv))
+    assert args.what == "run" and args.protocol == ["dev"] and args.windows == 8
+    assert _bench_default_kind(["bench", "speed", "--lengths", "512"]) == ["bench", "speed", "--lengths", "512"]
+    args = parser.parse_args(["bench", "serve", "--detectors", "default", "--clients", "1", "8"])
+    assert args.detector == "default" and args.clients == [1, 8]

@@ -228,7 +228,8 @@ def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, lrp_probe, tmp_p
     for kind in ("svm", "mlp", "random_forest", "threshold"):
         det = create_detector("lrp4rag", scorer=scorer, classifier=kind, length=32).fit(lrp_probe)
         probs = det.score(lrp_probe)
-        assert probs.shape == (8,) and np.all((probs >= 0) & (probs <= 1))
+        assert probs.shape == (8,) and np.all((probs > 0) & (probs < 1))
+        assert det.identity["scoring_model"] == "smollm2-135m" and det.identity["dtype"] == "float32"
         if kind != "threshold" and det.calibrator.params["coef"] > 0:  # the classifier's own decision
             raw = det.raw_scores(det._signals(lrp_probe))
             assert np.array_equal(probs >= det.threshold, raw >= (0.0 if kind == "svm" else 0.5))

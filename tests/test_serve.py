@@ -87,11 +87,12 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path):
     assert all("ragtruth" in d["fitted_on"]["data"].lower() for d in listing["detectors"])
 
 
-def test_a_long_context_is_cut_and_says_so(service, probe):
+def test_a_long_context_is_scored_in_windows_and_says_so(service, probe):
     long_one = max(probe, key=lambda s: len(s.prompt))
     text = long_one.prompt[long_one.context_span[0]:long_one.context_span[1]]
     got = Client(service.url).score(context=text * 6, question="What is this about?", response=long_one.response)
-    assert got["truncated"] > 0  # context tokens cut to fit the 1024-token cap; the response never is
+    # the context does not fit the 1024-token cap beside the answer: every part of it is in some window
+    assert got["windows"] > 1 and got["truncated"] == 0
 
 
 @pytest.mark.parametrize("body,status,words", [
@@ -214,10 +215,12 @@ def test_fifty_clients_four_requests_each(service):
 
 def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
     """`halwatch serve` as a process: a 3.9 MB context is tokenized off the event loop (the readiness probe answers
-    within 100 ms throughout) and cut to fit; a chunked 5 MB body is 413; each request leaves one JSON access-log
-    line without the texts; SIGTERM with 16 requests in flight answers every one of them."""
+    within 100 ms throughout) and scored in two windows, its left part cut; a chunked 5 MB body is 413; each request
+    leaves one JSON access-log line without the texts; SIGTERM with 16 requests in flight answers every one of
+    them."""
     log_path = tmp_path / "access.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0", "--access-log", str(log_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0", "--access-log", str(log_path),
+                             "--windows", "2"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         lines = []
@@ -243,7 +246,8 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
                 probes.append(time.perf_counter() - t0)
                 time.sleep(0.01)
         asker.join()
-        assert result["reply"].status_code == 200 and result["reply"].json()["truncated"] > 1_000_000
+        reply = result["reply"].json()
+        assert result["reply"].status_code == 200 and reply["truncated"] > 500_000 and reply["windows"] == 2
         assert len(probes) >= 3 and max(probes) < 0.1, probes
 
         def chunks():

@@ -4,7 +4,7 @@ import pytest
 
 from halwatch import InputError, Sample
 from halwatch.sample import QA_TEMPLATE
-from halwatch.tokens import encode
+from halwatch.tokens import encode, encode_windows, window_groups
 
 TRICKY = [
     "Plain answer.",
@@ -99,3 +99,55 @@ def test_prompt_without_context_span_is_cut_from_the_left(smol):
     view = encode(sample, smol.tokenizer, max_tokens=100)
     assert len(view.input_ids) <= 100
     assert smol.tokenizer.decode(view.input_ids[: view.n_prompt]).endswith("the question?")
+
+
+def test_long_context_is_scored_in_overlapping_windows_that_cover_it(smol):
+    context = " ".join(f"Sentence number {i} of the context." for i in range(70))
+    sample = Sample(context=context, question="Which sentence comes first?", response="Sentence 0.", id="long")
+    views = encode_windows(sample, smol.tokenizer, "raw", max_tokens=200)
+    texts = [smol.tokenizer.decode(v.input_ids[: v.n_prompt]) for v in views]
+    assert len(views) > 2 and [v.window for v in views] == [(k, len(views)) for k in range(len(views))]
+    assert all(len(v.input_ids) <= 200 for v in views)
+    assert all(smol.tokenizer.decode(v.input_ids[v.n_prompt:]) == "Sentence 0." for v in views)  # whole response
+    assert all(t.endswith("Question: Which sentence comes first?\nAnswer:") for t in texts)
+    # every sentence of the context is whole in some window, the first window holds the first one, and the last
+    # window is the one view that cutting from the left gives
+    for i in range(70):
+        assert any(f"Sentence number {i} of the context." in t for t in texts), i
+    assert "Sentence number 0 of the context." in texts[0]
+    assert views[-1].input_ids == encode(sample, smol.tokenizer, "raw", max_tokens=200).input_ids
+    # neighbouring windows overlap: the sentence that ends one window opens part of the next
+    for left, right in zip(texts, texts[1:]):
+        shared = [i for i in range(70) if f"number {i} of" in left and f"number {i} of" in right]
+        assert len(shared) >= 2
+    assert all(v.cut_tokens == 0 for v in views)
+
+
+def test_a_context_beyond_the_windows_loses_its_left_part_and_says_how_much(smol, caplog):
+    context = " ".join(f"Sentence number {i} of the context." for i in range(300))
+    sample = Sample(context=context, question="Q?", response="A.", id="huge")
+    whole = len(smol.tokenizer(context, add_special_tokens=False)["input_ids"])
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        views = encode_windows(sample, smol.tokenizer, "raw", max_tokens=200, max_windows=3)
+    assert len(views) == 3 and "id=huge: context of" in caplog.text
+    held = smol.tokenizer.decode(views[0].input_ids[: views[0].n_prompt])
+    first_kept = min(i for i in range(300) if f"number {i} of" in held)
+    dropped = len(smol.tokenizer(context[: context.index(f"Sentence number {first_kept} ")],
+                                 add_special_tokens=False)["input_ids"])
+    assert first_kept > 0 and abs(views[0].cut_tokens - dropped) <= 0.05 * dropped and views[0].cut_tokens < whole
+    assert encode_windows(sample, smol.tokenizer, "raw", max_tokens=200, max_windows=1)[0].window == (0, 1)
+
+
+def test_a_context_that_fits_is_one_view(smol):
+    sample = Sample(context="Paris is the capital of France.", question="Capital?", response="Paris.")
+    (view,) = encode_windows(sample, smol.tokenizer, "raw", max_tokens=200)
+    assert view.window == (0, 1) and view.input_ids == encode(sample, smol.tokenizer, "raw", 200).input_ids
+
+
+def test_window_groups_keep_one_answers_windows_together(smol):
+    long = Sample(context=" ".join(f"Sentence {i}." for i in range(400)), question="Q?", response="A.")
+    short = Sample(context="C.", question="Q?", response="A.")
+    views = [*encode_windows(long, smol.tokenizer, max_tokens=200), encode(short, smol.tokenizer)]
+    assert window_groups(views) == [list(range(len(views) - 1)), [len(views) - 1]]
+    with pytest.raises(ValueError, match="windows of one answer"):
+        window_groups(views[1:])

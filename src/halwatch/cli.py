@@ -28,7 +28,8 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
                    help="raw: prompt tokens + response tokens; chat: the model's chat template"
                         + ("; default: the artifact's" if defaults_from_artifact else f"; default: {mode_default}"))
     p.add_argument("--max-tokens", type=int, default=None,
-                   help=f"token cap per sample; longer prompts are cut inside the context (default "
+                   help=f"token cap per sample (prompt and response); a longer context is scored in windows where "
+                        f"the command takes --windows, else cut from its left end (default "
                         f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="samples per forward pass (default auto: samples of similar length, as many as fit 2048 "
@@ -47,12 +48,14 @@ def _add_labelled_options(p: argparse.ArgumentParser) -> None:
 
 
 def _batch_size(text: str) -> int | None:
-    if text == "auto":
-        return None
+    return None if text == "auto" else _positive_int(text, "or 'auto'")
+
+
+def _positive_int(text: str, other: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or 'auto': {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number{' ' + other if other else ''}: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -92,13 +95,16 @@ def _read_input(path: str, skip_invalid: bool, task: str | None = None):
     return samples
 
 
-def _encode_all(scorer, samples, skip_invalid: bool):
-    """Token views of the samples; records that cannot fit the token cap are an error or, skipped, reported."""
+def _encode_all(scorer, samples, skip_invalid: bool, windows: bool = False):
+    """Token views of the samples; records that cannot fit the token cap are an error or, skipped, reported. With
+    ``windows``, every window of a long context (:meth:`halwatch.scorer.Scorer.encode_windows`), each with its
+    sample."""
     kept, views = [], []
     for s in samples:
         try:
-            views.append(scorer.encode(s))
-            kept.append(s)
+            found = scorer.encode_windows(s) if windows else [scorer.encode(s)]
+            views += found
+            kept += [s] * len(found)
         except InputError as err:
             if not skip_invalid:
                 raise
@@ -129,9 +135,20 @@ def cmd_models(args) -> int:
 
 def _scorer_options(args, input_mode: str | None = None) -> dict:
     """A command's ``--model``, ``--input-mode`` (or ``input_mode``), ``--max-tokens``, ``--batch-size``,
-    ``--device`` and ``--dtype``, as :meth:`halwatch.scorer.Scorer.from_options` takes them."""
+    ``--device``, ``--dtype`` and ``--windows`` (where it takes them), as
+    :meth:`halwatch.scorer.Scorer.from_options` takes them."""
     return {"model": args.model, "input_mode": input_mode or args.input_mode, "max_tokens": args.max_tokens,
-            "batch_size": args.batch_size, "device": args.device, "dtype": args.dtype}
+            "batch_size": args.batch_size, "device": args.device, "dtype": args.dtype,
+            **({"windows": args.windows} if getattr(args, "windows", None) else {})}
+
+
+def _add_windows_option(p: argparse.ArgumentParser) -> None:
+    from halwatch.tokens import MAX_WINDOWS
+
+    p.add_argument("--windows", type=_positive_int, default=MAX_WINDOWS, metavar="N",
+                   help="a context longer than the token cap is scored in up to N overlapping windows, the answer "
+                        "against each, and the most supportive window's verdict kept; 1 cuts the context from the "
+                        f"left instead (default {MAX_WINDOWS})")
 
 
 def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None):
@@ -208,7 +225,7 @@ def cmd_score(args) -> int:
                           question=args.question, id=args.id, task=args.task)]
     else:
         samples = _read_input(args.input, args.skip_invalid, args.task)
-    samples, views = _encode_all(scorer, samples, args.skip_invalid)
+    samples, views = _encode_all(scorer, samples, args.skip_invalid, windows=True)
     signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
     records = detector.verdicts(views, signals)
     if single:
@@ -269,8 +286,12 @@ def cmd_fit(args) -> int:
         from halwatch.detectors.spans import describe_rule
 
         by_gap = ", ".join(f"{gap}: {f1:.3f}" for gap, f1 in span_fit["by_gap"].items())
+        confidence = span_fit.get("confidence") or {}
         note(f"span rule: {describe_rule(detector.span_rule)}; character span F1 on the held-out training answers "
-             f"{span_fit['f1']:.3f} (best with each gap: {by_gap})")
+             f"{span_fit['f1']:.3f} (best with each gap: {by_gap}); a span in "
+             f"{span_fit['grounded_with_span']:.0%} of the grounded ones; span confidence fitted on "
+             f"{confidence.get('n_spans', 0)} spans, {confidence.get('hit_share') or 0:.0%} of them on human spans"
+             + ("" if detector.span_calibration else " (not calibrated: spans of one outcome only)"))
     return 0
 
 
@@ -403,13 +424,21 @@ def cmd_generate(args) -> int:
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
 BENCH_PARTS = {"speed": ("lengths", "split"), "serve": ("throughput", "overload", "drain", "stream")}
+BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration")
+
+
+def _bench_default_kind(argv: list[str]) -> list[str]:
+    """``halwatch bench --protocol ...`` (no kind named) as ``halwatch bench run --protocol ...``."""
+    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if command is None or argv[command] != "bench":
+        return argv
+    rest = argv[command + 1:]
+    if rest and (rest[0] in BENCH_KINDS or rest[0] in ("-h", "--help")):
+        return argv
+    return argv[:command + 1] + ["run"] + rest
 
 
 def cmd_bench(args) -> int:
-    if args.parts and not set(args.parts) <= set(BENCH_PARTS.get(args.what, ())):
-        known = BENCH_PARTS.get(args.what, ())
-        raise HalwatchError(f"halwatch bench {args.what} has no part {', '.join(sorted(set(args.parts) - set(known)))}"
-                            f" (its parts: {', '.join(known) or 'none'})")
     if args.what == "speed":
         from halwatch.eval.speed import run_speed
 
@@ -420,23 +449,20 @@ def cmd_bench(args) -> int:
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
 
-        run_serve_bench(detector=(args.detectors or ["default"])[0], n=args.answers, levels=args.clients,
-                        device=args.device, dtype=args.dtype, batch_size=args.batch_size,
-                        parts=args.parts or BENCH_PARTS["serve"],
+        run_serve_bench(detector=args.detector, n=args.answers, levels=args.clients, device=args.device,
+                        dtype=args.dtype, batch_size=args.batch_size, parts=args.parts or BENCH_PARTS["serve"],
                         overload_seconds=args.overload_seconds)
         return 0
     if args.what == "invariance":
         from halwatch.eval.invariance import run_invariance
 
-        run_invariance(detector=(args.detectors or ["default"])[0], dataset=(args.datasets or ["ragtruth:all"])[0],
-                       split=args.eval_split, n=args.answers, out=args.out_file,
-                       scorer_options={"device": args.device, "dtype": args.dtype})
+        run_invariance(detector=args.detector, dataset=args.dataset, split=args.eval_split, n=args.answers,
+                       out=args.out_file, scorer_options={"device": args.device, "dtype": args.dtype})
         return 0
     if args.what == "calibration":
         from halwatch.eval.calibration_check import run_calibration_check
 
-        run_calibration_check(detector=(args.detectors or ["default"])[0],
-                              datasets=args.datasets or ["squad-shapes"], split=args.eval_split,
+        run_calibration_check(detector=args.detector, datasets=args.datasets, split=args.eval_split,
                               target_fpr=args.target_fpr, seeds=args.seeds, out=args.out_file,
                               scorer_options={"device": args.device, "dtype": args.dtype})
         return 0
@@ -449,8 +475,6 @@ def cmd_bench(args) -> int:
     from halwatch.detectors import parse_settings
     from halwatch.eval.bench import run_bench
 
-    if not args.protocol or not args.detectors or not args.datasets:
-        raise InputError("halwatch bench needs --protocol, --detectors and --datasets (see --help)")
     scorer = _scorer_from(args)
     if args.ray is not None:
         from halwatch.scale import ray_signals
@@ -476,7 +500,7 @@ def cmd_serve(args) -> int:
                     batch_padding=args.batch_padding, batch_wait=args.batch_wait_ms / 1000,
                     queue_tokens=args.queue_tokens, timeout=args.timeout,
                     min_span_confidence=None if args.min_span_confidence is None
-                    else check_confidence(args.min_span_confidence))
+                    else check_confidence(args.min_span_confidence), windows=args.windows)
     watch = {"store": args.watch_store, "target": args.watch_target} if args.watch_store else None
     app = build_app(args.detector or ["default"], api_key=key, limits=limits, max_body_bytes=args.max_body_bytes,
                     upstream=args.upstream, upstream_key=api_key_from(args.upstream_key_env), watch=watch,
@@ -494,11 +518,130 @@ SET_HELP = ("a detector setting, repeatable: n_max=5 (TOHA heads), divergence=ms
             "features=response|prompt|both and length=220 (LRP4RAG)")
 
 
+def _add_bench_parser(sub) -> None:
+    """``halwatch bench KIND``: each kind with its own options and help (``halwatch bench --protocol ...`` without a
+    kind is ``halwatch bench run``, see :func:`main`)."""
+    from halwatch.eval.protocols import PROTOCOLS
+
+    p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",
+                       description="Benchmarks, one kind per subcommand: run (the default when none is named) fits "
+                                   "and evaluates detectors under the papers' protocols; speed, relevance and serve "
+                                   "measure time; invariance and calibration check the default's scores across "
+                                   "templates and its operating point. `halwatch bench KIND --help` for each.")
+    kinds = p.add_subparsers(dest="what", metavar="KIND", required=True)
+
+    r = kinds.add_parser("run", help="fit and evaluate detectors under protocols (the default)",
+                         description="Fit and evaluate detectors on cached signals under the papers' protocols and "
+                                     "write results.json, predictions.jsonl, report.md and figures to --out.")
+    r.add_argument("--protocol", nargs="+", choices=PROTOCOLS, required=True, help="one or more protocols")
+    r.add_argument("--detectors", nargs="+", required=True,
+                   help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
+                        "settings, e.g. lrp4rag:classifier=mlp")
+    r.add_argument("--datasets", nargs="+", required=True,
+                   help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
+                        "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
+                        "QA template), squad-shapes, faithbench, xsum-hallucination, summedits, bump, diasumfact, "
+                        "begin, faithdial, rotowire, a labelled JSONL file, or several joined by commas (pooled)")
+    r.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                   help="shape-transfer: the split scored (default dev; test once per published table)")
+    r.add_argument("--never", nargs="+", default=[], metavar="NAME",
+                   help="shape-transfer: datasets scored on --eval-split by the pooled fit but never trained on "
+                        "(shapes the detector has not seen)")
+    r.add_argument("--hold-out", nargs="+", metavar="NAME",
+                   help="shape-transfer: fit without each of these datasets in turn (default: each trained one)")
+    r.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
+    r.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
+                                                  "ragtruth-official and kfold, 100 for random-splits)")
+    r.add_argument("--sweeps", action="store_true",
+                   help="also AUROC vs probe size and vs N_max, and the Δ scatter of heads (TOHA figures)")
+    r.add_argument("--sweep", metavar="KEY=V1,V2,...",
+                   help="also run the first protocol on the first dataset for each value of a detector setting "
+                        "(e.g. length=100,220,300 for LRP4RAG's resampling length, Table 3); table in sweep-KEY.md")
+    r.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help=SET_HELP + "; applies to every detector that has the setting")
+    r.add_argument("--map-from-model", metavar="MODEL",
+                   help="also Lookback Lens cross-model transfer: fitted with MODEL, mapped linearly onto --model's "
+                        "heads (official split; rows named lookback-lens<-MODEL)")
+    _add_scorer_options(r)
+    _add_windows_option(r)
+    _add_ray_options(r, "compute the signals not yet cached")
+
+    s = kinds.add_parser("speed", help="forward, capture and default-detector times; time inside and outside the "
+                                       "forward",
+                         description="Times the scoring model's forward, the signal capture and the default detector "
+                                     "per sequence length (lengths), and per answer the time inside and outside the "
+                                     "model's forward for batches of RAGTruth answers (split).")
+    s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
+    s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"], help="what to measure (default all)")
+    s.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="lengths: sequence lengths")
+    s.add_argument("--repeats", type=int, default=3, help="timed repeats per setting (median reported; default 3)")
+    s.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
+                   help="split: batch sizes (default 1 8 32; 32 answers)")
+    add_device_options(s)
+
+    rel = kinds.add_parser("relevance", help="the LRP4RAG relevance pass against one forward + backward pass",
+                           description="Times the LRP4RAG relevance pass on a real RAGTruth prompt against one "
+                                       "forward + backward pass, and reports conservation.")
+    rel.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
+    rel.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
+    rel.add_argument("--response-tokens", type=int, default=128, help="response length (default 128)")
+    rel.add_argument("--repeats", type=int, default=3, help="timed repeats (median reported; default 3)")
+
+    sv = kinds.add_parser("serve", help="the HTTP service's throughput, latency, refusals and drain",
+                          description="Runs the scoring service in-process on real RAGTruth test answers: throughput "
+                                      "and latency per level of concurrent clients, refusals under overload, the "
+                                      "drain on shutdown and the stream policies' times.")
+    _add_bench_detector(sv)
+    sv.add_argument("--answers", type=int, default=100, help="RAGTruth test answers sent (default 100)")
+    sv.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
+                    help="concurrent clients per level (default 1 8 50)")
+    sv.add_argument("--parts", nargs="+", choices=BENCH_PARTS["serve"],
+                    help="what to measure (default all): throughput per client level, overload (refusals at 2x and "
+                         "5x), drain (16 in flight), stream (the policies' time to first and last token)")
+    sv.add_argument("--overload-seconds", type=float, default=30.0,
+                    help="how long each overload level sends (default 30)")
+    sv.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
+                    help="answers per forward batch of the service (default auto)")
+    add_device_options(sv)
+
+    inv = kinds.add_parser("invariance", help="the same answers through several templates: how far scores move",
+                           description="Renders the same RAGTruth answers through several prompt templates and "
+                                       "reports how far the detector's scores and verdicts move.")
+    _add_bench_detector(inv)
+    inv.add_argument("--dataset", "--datasets", dest="dataset", default="ragtruth:all",
+                     help="a RAGTruth dataset name, whose answers are rendered (default ragtruth:all)")
+    inv.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                     help="the split the answers come from (default dev; test once per published table)")
+    inv.add_argument("--answers", type=int, default=100, help="answers rendered (default 100)")
+    inv.add_argument("--out-file", help="also write the figures to this JSON file")
+    add_device_options(inv)
+
+    cal = kinds.add_parser("calibration", help="does `halwatch calibrate --target-fpr` hold the rate on held-out "
+                                               "halves?",
+                           description="Recalibrates the detector on one half of each dataset's split with "
+                                       "--target-fpr and reports the false-positive rate reached on the other half, "
+                                       "averaged over seeds.")
+    _add_bench_detector(cal)
+    cal.add_argument("--datasets", nargs="+", default=["squad-shapes"], help="datasets (default squad-shapes)")
+    cal.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                     help="the split used (default dev; test once per published table)")
+    cal.add_argument("--target-fpr", type=float, default=0.1, help="the rate asked for (default 0.1)")
+    cal.add_argument("--seeds", type=int, default=5, help="random halvings per dataset (default 5)")
+    cal.add_argument("--out-file", help="also write the figures to this JSON file")
+    add_device_options(cal)
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_bench_detector(p) -> None:
+    p.add_argument("--detector", "--detectors", dest="detector", default="default",
+                   help="shipped artifact name or artifact file (default: default)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from halwatch import __version__
     from halwatch.data.ragtruth import GENERATORS, QUALITIES, SPLITS
     from halwatch.detectors.calibration import CALIBRATIONS
-    from halwatch.eval.protocols import PROTOCOLS
 
     parser = argparse.ArgumentParser(
         prog="halwatch",
@@ -533,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_min_span_confidence(p)
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)
+    _add_windows_option(p)
     _add_ray_options(p, "score")
     p.set_defaults(func=cmd_score)
 
@@ -616,72 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scorer_options(p, mode_default="chat (with an artifact file: the artifact's)")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",
-                       description="`halwatch bench --protocol P --detectors ... --datasets ...` fits and evaluates "
-                                   "detectors on cached signals and writes results.json, predictions.jsonl, "
-                                   "report.md and figures to --out. `halwatch bench speed` measures load and "
-                                   "forward times and peak memory; `halwatch bench relevance` times the LRP4RAG "
-                                   "relevance pass against one forward + backward pass and reports conservation; "
-                                   "`halwatch bench serve` measures the HTTP service's throughput and latency "
-                                   "under concurrent clients (the first of --detectors, default 'default').")
-    p.add_argument("what", nargs="?", choices=["run", "speed", "relevance", "serve", "invariance", "calibration"],
-                   default="run", help="run (default), speed, relevance, serve, invariance (the same RAGTruth "
-                                       "answers through several templates: how far the first detector's scores "
-                                       "move) or calibration (does `halwatch calibrate --target-fpr` hold the "
-                                       "rate on held-out halves of each dataset?)")
-    p.add_argument("--protocol", nargs="+", choices=PROTOCOLS, help="one or more protocols")
-    p.add_argument("--detectors", nargs="+",
-                   help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
-                        "settings, e.g. lrp4rag:classifier=mlp")
-    p.add_argument("--datasets", nargs="+",
-                   help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
-                        "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
-                        "QA template), squad-shapes, faithbench, xsum-hallucination, summedits, bump, diasumfact, "
-                        "begin, faithdial, rotowire, a labelled JSONL file, or several joined by commas (pooled)")
-    p.add_argument("--eval-split", choices=["dev", "test"], default="dev",
-                   help="shape-transfer, invariance, calibration: the split scored (default dev; test once per "
-                        "published table)")
-    p.add_argument("--never", nargs="+", default=[], metavar="NAME",
-                   help="shape-transfer: datasets scored on --eval-split by the pooled fit but never trained on "
-                        "(shapes the detector has not seen)")
-    p.add_argument("--hold-out", nargs="+", metavar="NAME",
-                   help="shape-transfer: fit without each of these datasets in turn (default: each trained one)")
-    p.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
-    p.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
-                                                  "ragtruth-official and kfold, 100 for random-splits)")
-    p.add_argument("--sweeps", action="store_true",
-                   help="also AUROC vs probe size and vs N_max, and the Δ scatter of heads (TOHA figures)")
-    p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP + "; applies to every detector "
-                                                                                  "that has the setting")
-    p.add_argument("--map-from-model", metavar="MODEL",
-                   help="also Lookback Lens cross-model transfer: fitted with MODEL, mapped linearly onto --model's "
-                        "heads (official split; rows named lookback-lens<-MODEL)")
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="speed: sequence lengths")
-    p.add_argument("--repeats", type=int, default=3, help="speed: timed repeats per setting (median reported)")
-    p.add_argument("--sweep", metavar="KEY=V1,V2,...",
-                   help="also run the first protocol on the first dataset for each value of a detector setting "
-                        "(e.g. length=100,220,300 for LRP4RAG's resampling length, Table 3); table in sweep-KEY.md")
-    p.add_argument("--prompt-tokens", type=int, default=512, help="relevance: prompt length (default 512)")
-    p.add_argument("--answers", type=int, default=100, help="serve: RAGTruth test answers sent; invariance: answers "
-                                                            "rendered (default 100)")
-    p.add_argument("--target-fpr", type=float, default=0.1, help="calibration: the rate asked for (default 0.1)")
-    p.add_argument("--out-file", help="invariance, calibration: also write the figures to this JSON file")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
-                   help="serve: concurrent clients per level (default 1 8 50)")
-    p.add_argument("--parts", nargs="+", choices=[part for parts in BENCH_PARTS.values() for part in parts],
-                   help="what to measure (default all). serve: throughput per client level, overload (refusals at "
-                        "2x and 5x), drain (16 in flight), stream (the policies' time to first and last token); "
-                        "speed: lengths (forward, capture and the default per sequence length), split (time inside "
-                        "and outside the model's forward per answer, by --batches)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
-                   help="speed: batch sizes of the split (default 1 8 32; 32 answers)")
-    p.add_argument("--overload-seconds", type=float, default=30.0,
-                   help="serve: how long each overload level sends (default 30)")
-    p.add_argument("--response-tokens", type=int, default=128, help="relevance: response length (default 128)")
-    _add_scorer_options(p)
-    _add_ray_options(p, "compute the signals not yet cached")
-    p.set_defaults(func=cmd_bench)
+    _add_bench_parser(sub)
 
     p = sub.add_parser("serve", help="HTTP scoring service: /v1/score, a guard proxy in front of an LLM, a web page",
                        description="Serve detectors over HTTP: POST /v1/score (one item or a list), GET "
@@ -705,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop policy: score the growing answer every N chunks (about a token each; default 16; per "
                         "request: halwatch_check_every)")
     _add_min_span_confidence(p, "; per item: min_span_confidence")
+    _add_windows_option(p)
     p.add_argument("--max-items", type=int, default=64, help="items per /v1/score request (default 64)")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="answers per forward batch (default auto: 1 on a CPU, where batching gains nothing, 8 on a "
@@ -730,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_bench_default_kind(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s")
     set_quiet(args.quiet)
     try:

@@ -161,7 +161,7 @@ class ScoreActor(_Loaded):
         for i, record in enumerate(records):
             try:
                 sample = sample_from_record(record, f"record {ids[i] or i}")
-                views.append(self.scorer.encode(sample))
+                views.append(self.scorer.encode_windows(sample))
                 samples.append(sample)
                 slots.append(i)
             except InputError as exc:
@@ -180,9 +180,8 @@ class ScoreActor(_Loaded):
                 "error": np.array(errors, dtype=object)}
 
     def _score(self, chunk, samples, views, slots, results) -> None:
-        picked = [samples[j] for j in chunk]
-        picked_views = [views[j] for j in chunk]
-        signals = self.scorer.signals(picked, self.detector.request(), views=picked_views)
+        picked_views = [v for j in chunk for v in views[j]]  # an answer's windows of a long context together
+        signals = self.scorer.signals([v.sample for v in picked_views], self.detector.request(), views=picked_views)
         for j, verdict in zip(chunk, self.detector.verdicts(picked_views, signals)):
             results[slots[j]] = json.dumps(verdict, ensure_ascii=False)
 

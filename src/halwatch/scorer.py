@@ -11,7 +11,7 @@ from halwatch.models.forward import SignalRequest, Signals, attach_support
 from halwatch.models.loader import ScoringModel, load_model
 from halwatch.progress import progress as progress_bar
 from halwatch.sample import Sample
-from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, TokenView, encode
+from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, MAX_WINDOWS, TokenView, encode, encode_windows
 
 log = logging.getLogger("halwatch")
 
@@ -25,13 +25,14 @@ class Scorer:
     ``cache``: ``True`` for ``$HALWATCH_HOME/signals``, a folder, or ``None``/``False`` for no cache.
     ``device`` and ``dtype`` (:func:`halwatch.models.loader.load_model`) apply when the model is loaded here.
     ``batch_size``: answers per forward pass, or ``None``: as many as fit ``batch_tokens`` padded tokens
-    (answers are sorted by length first, so a batch pads little). The model is loaded on first use.
+    (answers are sorted by length first, so a batch pads little). ``windows``: the most windows a context longer
+    than the cap is scored in (:meth:`encode_windows`; 1: its left part is cut). The model is loaded on first use.
     """
 
     def __init__(self, model: str | ScoringModel = registry.DEFAULT_MODEL, input_mode: str = "raw",
                  max_tokens: int = DEFAULT_MAX_TOKENS, cache: bool | str | Path | None = True,
                  batch_size: int | None = 1, device: str = "auto", dtype: str = "auto",
-                 batch_tokens: int | None = None):
+                 batch_tokens: int | None = None, windows: int = MAX_WINDOWS):
         if input_mode not in INPUT_MODES:
             raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
         if max_tokens < 8:
@@ -42,6 +43,9 @@ class Scorer:
         self.max_tokens = max_tokens
         self.batch_size = None if batch_size is None else max(1, batch_size)
         self.batch_tokens = batch_tokens
+        if windows < 1:
+            raise ValueError(f"windows must be at least 1, got {windows}")
+        self.windows = windows
         self.device, self.dtype = device, dtype
         #: ``remote(samples, request) -> signals``: where uncached signals are computed instead of this process
         #: (:func:`halwatch.scale.ray_signals` for ``--ray``); they are cached here all the same.
@@ -54,14 +58,14 @@ class Scorer:
     def from_options(cls, model: str | ScoringModel | None = None, input_mode: str | None = None,
                      max_tokens: int | None = None, cache: bool | str | Path | None = True,
                      batch_size: int | None = 1, identity: dict | None = None, device: str = "auto",
-                     dtype: str = "auto") -> "Scorer":
+                     dtype: str = "auto", windows: int = MAX_WINDOWS) -> "Scorer":
         """A scorer from optional choices (a command line's), each falling back to an artifact's ``identity``
         (scoring model, input mode, token cap), then to the defaults."""
         identity = identity or {}
         return cls(model=model or identity.get("scoring_model", registry.DEFAULT_MODEL),
                    input_mode=input_mode or identity.get("input_mode", "raw"),
                    max_tokens=max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
-                   cache=cache, batch_size=batch_size, device=device, dtype=dtype)
+                   cache=cache, batch_size=batch_size, device=device, dtype=dtype, windows=windows)
 
     @property
     def model(self) -> ScoringModel:
@@ -82,6 +86,11 @@ class Scorer:
 
     def encode(self, sample: Sample) -> TokenView:
         return encode(sample, self.model.tokenizer, self.input_mode, self.max_tokens)
+
+    def encode_windows(self, sample: Sample) -> list[TokenView]:
+        """The views that scoring uses: one, or the windows of a context longer than the token cap (at most
+        ``windows``; :func:`halwatch.tokens.encode_windows`). Fitting uses :meth:`encode`'s one view."""
+        return encode_windows(sample, self.model.tokenizer, self.input_mode, self.max_tokens, self.windows)
 
     def _check(self, request: SignalRequest) -> None:
         m = self.model

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -65,6 +66,7 @@ class TokenView:
     cut_chars: int = 0  # characters cut from the left of the context to fit the token cap
     cut_tokens: int = 0  # prompt tokens those characters took
     n_header: int = 0  # the last prompt tokens that form the answer header (see answer_header_length)
+    window: tuple[int, int] = (0, 1)  # (index, count) of this view among the windows of a long context
 
     @property
     def n_response(self) -> int:
@@ -73,7 +75,17 @@ class TokenView:
     def word_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(starts, ends, first, last)``: the character range of every word of the response (:data:`WORD`) and,
         per response token, the first and last word it overlaps (``first > last`` for a token of white space or
-        punctuation alone; a token can hold the end of one word and the start of the next)."""
+        punctuation alone; a token can hold the end of one word and the start of the next). Computed once per
+        view."""
+        return self._word_index
+
+    def word_count(self, start: int, end: int) -> int:
+        """How many words of the response lie in ``start .. end`` (a span's characters)."""
+        starts = self._word_index[0]
+        return int(np.searchsorted(starts, end, side="left") - np.searchsorted(starts, start, side="left"))
+
+    @cached_property
+    def _word_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         found = words(self.sample.response)
         starts = np.array([a for _, a, _ in found], dtype=np.int64)
         ends = np.array([b for _, _, b in found], dtype=np.int64)
@@ -104,7 +116,7 @@ class TokenView:
         flagged runs at most ``gap`` words apart; a span's ``confidence`` is the highest word score inside it.
         """
         scores = self.word_scores(token_scores)
-        starts, ends, _, _ = self.word_index()
+        starts, ends = self._word_index[:2]
         text = self.sample.response
         flagged = bridge_gaps(scores >= threshold, gap)
         spans: list[dict] = []
@@ -193,6 +205,11 @@ def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[in
 
 #: Characters kept per token of the cap before a very long context is tokenized (see :func:`encode`).
 PRECUT_CHARS_PER_TOKEN = 64
+#: The most windows a long context is scored in (:func:`encode_windows`).
+MAX_WINDOWS = 8
+#: The share of a window's context tokens that the next window holds too, so that a passage cut at one window's
+#: edge is whole in its neighbour.
+WINDOW_OVERLAP = 0.25
 
 
 def tail_start(text: str, keep: int, start: int = 0, end: int | None = None) -> int:
@@ -212,6 +229,89 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
     The response is never cut: a response that alone does not fit, or does not fit beside the part of the prompt
     that is not context, raises :class:`InputError` for that record.
     """
+    view = _encode(sample, tokenizer, input_mode, max_tokens)
+    if view.cut_chars:
+        log.warning("%s: prompt cut by %d context characters (from the left) to fit %d tokens",
+                    sample.where or "sample", view.cut_chars, max_tokens)
+    return view
+
+
+def _encode(sample: Sample, tokenizer, input_mode: str, max_tokens: int) -> TokenView:
+    resp_ids, offsets = _checked_response(sample, tokenizer, input_mode, max_tokens)
+    ctx_start, ctx_end = sample.context_span or (0, len(sample.prompt))
+    # A context far longer than the cap loses its left part before it is tokenized (so that a megabyte of context
+    # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
+    # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
+    # way is estimated from the characters per token of what is kept.
+    precut = tail_start(sample.prompt, max_tokens * PRECUT_CHARS_PER_TOKEN, ctx_start, ctx_end) - ctx_start
+    view, n_first = _fit_context(sample, tokenizer, input_mode, max_tokens, resp_ids, offsets, ctx_start + precut,
+                                 ctx_end)
+    view.cut_tokens += round(precut * n_first / max(1, len(sample.prompt) - precut))
+    return view
+
+
+def encode_windows(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS,
+                   max_windows: int = MAX_WINDOWS) -> list[TokenView]:
+    """The views of ``sample`` that together cover its context: :func:`encode`'s one view where the context fits the
+    token cap; else windows of the context, left to right, each as long as fits beside the rest of the prompt and
+    the whole response, each overlapping the next by :data:`WINDOW_OVERLAP` of its tokens, at most ``max_windows``
+    of them (the last is :func:`encode`'s view, which ends where the context ends). A context longer than
+    ``max_windows`` windows loses its left part, as with one window; every view's ``cut_tokens`` counts the context
+    tokens that no window holds, and ``window`` is ``(index, count)``."""
+    if max_windows <= 1:
+        return [encode(sample, tokenizer, input_mode, max_tokens)]
+    last = _encode(sample, tokenizer, input_mode, max_tokens)
+    if not last.cut_chars:
+        return [last]
+    prompt = sample.prompt
+    ctx_start, ctx_end = sample.context_span or (0, len(prompt))
+    kept_from = ctx_start + last.cut_chars
+    size = len(tokenizer(prompt[kept_from:ctx_end], add_special_tokens=False)["input_ids"])  # tokens of a window
+    stride = max(1, int(size * (1 - WINDOW_OVERLAP)))
+    needed = size + stride * (max_windows - 1)
+    keep = needed * 8  # characters: enough for most text; more (up to the bound of encode's cut) where not
+    while True:
+        lo = tail_start(prompt, keep, ctx_start, ctx_end)
+        found = tokenizer(prompt[lo:ctx_end], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        if lo == ctx_start or len(found) >= needed or keep >= needed * PRECUT_CHARS_PER_TOKEN:
+            break
+        keep *= 4
+    spans = [(lo + a, lo + b) for a, b in found]
+    firsts = [len(spans) - size]
+    while firsts[-1] > 0 and len(firsts) < max_windows:
+        firsts.append(max(0, firsts[-1] - stride))
+    if len(firsts) == 1:  # the cut context tokenizes into no more than one window after all
+        return [last]
+    firsts.reverse()
+    resp_ids, offsets = _response_tokens(tokenizer, sample.response)
+    views = [_fit_context(sample, tokenizer, input_mode, max_tokens, resp_ids, offsets, spans[t][0],
+                          spans[min(t + size, len(spans)) - 1][1])[0] for t in firsts[:-1]] + [last]
+    dropped = firsts[0] + (round((lo - ctx_start) * len(spans) / max(1, ctx_end - lo)) if lo > ctx_start else 0)
+    for k, view in enumerate(views):
+        view.window, view.cut_tokens = (k, len(views)), dropped
+    if dropped:
+        log.warning("%s: context of about %d tokens scored in %d windows; its first %d tokens (estimated from the "
+                    "characters per token of the rest where not counted) are in none of them (at most %d windows)",
+                    sample.where or "sample", len(spans) - firsts[0] + dropped, len(views), dropped, max_windows)
+    return views
+
+
+def window_groups(views) -> list[list[int]]:
+    """The indices of each answer's views in ``views``: the windows ``(0, n) .. (n - 1, n)`` of one sample's long
+    context (:func:`encode_windows`) come together and in order, and form one answer; any other view is one."""
+    groups: list[list[int]] = []
+    k = 0
+    while k < len(views):
+        n = views[k].window[1]
+        if k + n > len(views) or any(views[k + j].window != (j, n) or views[k + j].sample is not views[k].sample
+                                     for j in range(n)):
+            raise ValueError(f"view {k}: the windows of one answer must come together and in order")
+        groups.append(list(range(k, k + n)))
+        k += n
+    return groups
+
+
+def _checked_response(sample: Sample, tokenizer, input_mode: str, max_tokens: int):
     if input_mode not in INPUT_MODES:
         raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
     resp_ids, offsets = _response_tokens(tokenizer, sample.response)
@@ -221,24 +321,26 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
             f"(halwatch score and fit take --max-tokens)",
             sample.where,
         )
+    return resp_ids, offsets
+
+
+def _fit_context(sample: Sample, tokenizer, input_mode: str, max_tokens: int, resp_ids, offsets, start: int,
+                 end: int) -> tuple[TokenView, int]:
+    """The view whose prompt holds, of the context, the characters ``start .. end`` less as many on the left as the
+    cap needs (``cut_chars``: those characters counted from ``start``; ``cut_tokens``: the tokens they took), and
+    the prompt's length in tokens before any cut."""
     prompt = sample.prompt
     ctx_start, ctx_end = sample.context_span or (0, len(prompt))
-    # A context far longer than the cap loses its left part before it is tokenized (so that a megabyte of context
-    # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
-    # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
-    # way is estimated from the characters per token of what is kept.
-    cut = precut = tail_start(prompt, max_tokens * PRECUT_CHARS_PER_TOKEN, ctx_start, ctx_end) - ctx_start
-    n_whole = None
+    cut, n_first = 0, None
     while True:
-        text = prompt[:ctx_start] + prompt[ctx_start + cut :]
+        text = prompt[:ctx_start] + prompt[start + cut:end] + prompt[ctx_end:]
         prompt_ids = _prompt_ids(tokenizer, text, input_mode)
-        if n_whole is None:
-            n_whole = len(prompt_ids) + round(precut * len(prompt_ids) / max(1, len(text)))
+        n_first = len(prompt_ids) if n_first is None else n_first
         excess = len(prompt_ids) + len(resp_ids) - max_tokens
         if excess <= 0:
             break
-        remaining = prompt[ctx_start + cut : ctx_end]
-        ctx_offsets = tokenizer(remaining, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        ctx_offsets = tokenizer(prompt[start + cut:end], add_special_tokens=False,
+                                return_offsets_mapping=True)["offset_mapping"]
         if excess >= len(ctx_offsets):
             raise InputError(
                 f"prompt and response do not fit in {max_tokens} tokens even with the whole context cut "
@@ -246,16 +348,7 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
                 sample.where,
             )
         cut += max(1, ctx_offsets[excess][0])
-    if cut:
-        log.warning("%s: prompt cut by %d context characters (from the left) to fit %d tokens",
-                    sample.where or "sample", cut, max_tokens)
-    return TokenView(
-        sample=sample,
-        input_ids=prompt_ids + resp_ids,
-        n_prompt=len(prompt_ids),
-        offsets=offsets,
-        input_mode=input_mode,
-        cut_chars=cut,
-        cut_tokens=n_whole - len(prompt_ids),
-        n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids),
-    )
+    view = TokenView(sample=sample, input_ids=prompt_ids + resp_ids, n_prompt=len(prompt_ids), offsets=offsets,
+                     input_mode=input_mode, cut_chars=(start - ctx_start) + cut, cut_tokens=n_first - len(prompt_ids),
+                     n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids))
+    return view, n_first

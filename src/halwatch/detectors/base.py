@@ -41,7 +41,7 @@ from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
 from halwatch.signals import reducers
-from halwatch.tokens import TokenView
+from halwatch.tokens import TokenView, window_groups
 
 ARTIFACT_FORMAT = "halwatch-detector/1"
 #: Quantiles of the training answers' distances that an artifact keeps for :meth:`Detector.ood`.
@@ -387,23 +387,59 @@ class Detector:
     def score(self, samples: list[Sample], progress: bool = False) -> np.ndarray:
         """Probability of hallucination of each sample's response."""
         self._require_fitted()
-        return self.score_signals(self._signals(samples, progress))
+        views = [v for s in samples for v in self._scorer().encode_windows(s)]
+        _, raw, _, _ = self.answer_outputs(views, self._signals([v.sample for v in views], progress, views))
+        return self.calibrator.transform(raw)
 
     def predict(self, samples: list[Sample]) -> np.ndarray:
         return self.score(samples) >= self.threshold
+
+    def outputs(self, signals: list[Signals]) -> tuple[np.ndarray, list | None, np.ndarray]:
+        """``(raw scores, token scores or None, OOD inputs)`` of a batch: everything a verdict needs, computed in one
+        go so that a method can share the work (the fused detector's answer score pools its token scores: its token
+        model runs once). By default each comes from its own method; a method that overrides :meth:`ood_inputs`
+        overrides this too."""
+        raw = np.asarray(self.raw_scores(signals), dtype=float)
+        return raw, self.token_scores(signals), raw[:, None]
+
+    def answer_outputs(self, views: list[TokenView], signals: list[Signals]
+                       ) -> tuple[list[TokenView], np.ndarray, list | None, np.ndarray]:
+        """:meth:`outputs` per answer, where consecutive ``views`` (and their ``signals``) may be the windows of one
+        answer's long context (:func:`halwatch.tokens.encode_windows`): an answer's raw score and OOD inputs are
+        those of its most supportive window (the lowest score), and each of its tokens scores the lowest that any
+        window gives it (a word is supported when some window supports it). Returns each answer's last view (all
+        its windows share its response and tokens), raw scores, token scores and OOD inputs.
+
+        This is halwatch's own rule, not a published method's: the papers score a context that fits the model.
+        Where an answer's support is spread over several windows, each window alone sees part of it, so the answer
+        score leans to "hallucinated"; the lexical-support features see the whole context in every window."""
+        raw, tokens, inputs = self.outputs(signals)
+        groups = window_groups(views)
+        if all(len(g) == 1 for g in groups):
+            return views, raw, tokens, inputs
+        ranking = self.calibrator.ranking(raw)
+        picks = [g[int(np.argmin(ranking[g]))] for g in groups]
+        if tokens is not None:
+            tokens = [np.min(np.stack([np.asarray(tokens[i], dtype=float) for i in g]), axis=0) for g in groups]
+        return [views[g[-1]] for g in groups], raw[picks], tokens, inputs[picks]
 
     def spans_from(self, view: TokenView, signals: Signals, prob: float | None = None,
                    min_confidence: float = 0.0) -> list[dict]:
         """The flagged word spans of one response under the fitted span rule, with their confidence (calibrated
         where the detector was fitted on human spans), less those below ``min_confidence``; ``prob``, the
-        response's probability of hallucination, is computed when the rule needs it and it is not given."""
+        response's probability of hallucination, is computed when it is not given."""
         self._require_fitted()
-        tokens = self.token_scores([signals])
+        raw, tokens, _ = self.outputs([signals])
+        if prob is None:
+            prob = float(self.calibrator.transform(raw)[0])
+        return self.token_spans(view, None if tokens is None else tokens[0], prob, min_confidence)
+
+    def token_spans(self, view: TokenView, tokens, prob: float, min_confidence: float = 0.0) -> list[dict]:
+        """:meth:`spans_from` with the response's token scores (``None``: the method has none) and probability
+        given."""
         if tokens is None or self.token_threshold is None:
             return []
-        if prob is None and self.span_rule != PLAIN:
-            prob = float(self.score_signals([signals])[0])
-        return rule_spans(view, tokens[0], prob or 0.0, self.threshold, self.token_threshold, self.span_rule,
+        return rule_spans(view, tokens, prob, self.threshold, self.token_threshold, self.span_rule,
                           self.span_calibration, min_confidence)
 
     def verdicts(self, views: list[TokenView], signals: list[Signals],
@@ -413,23 +449,31 @@ class Detector:
         the response, Python string indices = Unicode code points, with the text and a confidence; those below
         ``min_span_confidence`` left out, by default :attr:`min_span_confidence`), the detector,
         scoring model and input mode, and ``truncated``: how many context tokens were cut to fit the token cap
-        (the response is never cut)."""
-        probs = self.score_signals(signals)
-        ood = self.ood(signals) or [None] * len(views)
+        (the response is never cut), and ``windows``: how many windows of a long context the answer was scored
+        against (:meth:`answer_outputs`; consecutive ``views`` of one answer's windows give one verdict). The
+        batch's scores, token scores and OOD inputs are computed once (:meth:`outputs`)."""
+        self._require_fitted()
+        views, raw, tokens, ood_inputs = self.answer_outputs(views, signals)
+        probs = self.calibrator.transform(raw)
+        ood = self.ood_from_inputs(ood_inputs) if self.ood_reference else [None] * len(views)
+        tokens = tokens if tokens is not None else [None] * len(views)
         if min_span_confidence is None:
             min_span_confidence = self.min_span_confidence
         return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
                  "threshold": round(float(self.threshold), 4),
-                 "spans": self.spans_from(view, sig, float(p), min_span_confidence),
+                 "spans": self.token_spans(view, t, float(p), min_span_confidence),
                  "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
-                 "input_mode": view.input_mode, "truncated": view.cut_tokens,
+                 "input_mode": view.input_mode, "truncated": view.cut_tokens, "windows": view.window[1],
                  **({"ood": far} if far is not None else {})}
-                for view, sig, p, far in zip(views, signals, probs, ood)]
+                for view, t, p, far in zip(views, tokens, probs, ood)]
 
     def spans(self, sample: Sample) -> list[dict]:
         """Character spans of ``sample.response`` that the detector flags: ``[{start, end, text, confidence}]``."""
-        view = self._scorer().encode(sample)
-        return self.spans_from(view, self._signals([sample], views=[view])[0])
+        views = self._scorer().encode_windows(sample)
+        self._require_fitted()
+        (view,), raw, tokens, _ = self.answer_outputs(views, self._signals([sample] * len(views), views=views))
+        return self.token_spans(view, None if tokens is None else tokens[0],
+                                float(self.calibrator.transform(raw)[0]), self.min_span_confidence)
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

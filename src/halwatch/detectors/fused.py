@@ -226,13 +226,18 @@ class Fused(Detector):
         return self.held_out_inputs
 
     # ---- scoring ------------------------------------------------------------------------------------------------
-    def _stack_inputs(self, signals) -> np.ndarray:
+    def _stack_inputs(self, signals, tokens=None) -> np.ndarray:
+        """The stacker's inputs; ``tokens``: the batch's token scores where they are at hand."""
         feats = self.answer_features(signals)
         family = {name: linear.logodds(model, feats[name]) for name, model in self.families.items()}
-        pooled = None
-        if self.token_model is not None:
-            pooled = self._pooled(self._token_probs(self.token_model, [self.token_features(s) for s in signals]))
+        tokens = self.token_scores(signals) if tokens is None else tokens
+        pooled = None if tokens is None else self._pooled(tokens)
         return self._stack_columns(family, pooled, [s.n_response for s in signals])[0]
+
+    def outputs(self, signals):
+        tokens = self.token_scores(signals)
+        inputs = self._stack_inputs(signals, tokens)
+        return linear.logodds(self.stacker, inputs), tokens, inputs
 
     def ood_inputs(self, signals):
         return self._stack_inputs(signals)

@@ -31,7 +31,7 @@ import itertools
 import numpy as np
 
 from halwatch.detectors import linear
-from halwatch.tokens import WORD, TokenView, bridge_gaps
+from halwatch.tokens import TokenView, bridge_gaps
 
 #: The plain rule: the threshold alone.
 PLAIN = {"gap": 0, "gate": False, "verdict": False}
@@ -71,12 +71,9 @@ def rule_spans(view: TokenView, tokens, prob: float, decision: float, threshold:
     spans = view.spans(scores, threshold, rule["gap"])
     if calibration is not None:
         for span in spans:
-            span["confidence"] = round(float(span_confidence(calibration, span["confidence"], span_words(span))[0]), 4)
+            n_words = max(1, view.word_count(span["start"], span["end"]))
+            span["confidence"] = round(float(span_confidence(calibration, span["confidence"], n_words)[0]), 4)
     return [span for span in spans if span["confidence"] >= min_confidence]
-
-
-def span_words(span: dict) -> int:
-    return max(1, len(WORD.findall(span["text"])))
 
 
 def _confidence_inputs(raw, n_words) -> np.ndarray:
@@ -104,7 +101,7 @@ def fit_span_confidence(tokens: list, views: list, probs, decision: float, thres
         inside = np.r_[0, np.cumsum(gold)]
         for span in rule_spans(view, t, float(p), decision, threshold, rule):
             raw.append(span["confidence"])
-            n_words.append(span_words(span))
+            n_words.append(max(1, view.word_count(span["start"], span["end"])))
             hit.append((inside[span["end"]] - inside[span["start"]]) >= SPAN_HIT_SHARE * (span["end"] - span["start"]))
     hit = np.asarray(hit, dtype=int)
     figures = {"n_spans": int(len(hit)), "hit_share": round(float(hit.mean()), 4) if len(hit) else None}

@@ -178,19 +178,49 @@ class Bench:
                                    **{**self.options.get(detector_name, {}), **(options or {})})
         return self.data(name, template.request(), needed)
 
+    def windowed(self, views, signals, request) -> tuple[list, list]:
+        """``views`` and ``signals`` (one per answer) with each answer whose context the token cap cut replaced by
+        its windows (:meth:`halwatch.scorer.Scorer.encode_windows`), as ``halwatch score`` scores it; the windows'
+        signals come from the cache or one batched pass. Unchanged when the scorer scores in one window."""
+        long = [i for i, v in enumerate(views) if v.cut_chars] if self.scorer.windows > 1 else []
+        if not long:
+            return views, signals
+        windows = {i: self.scorer.encode_windows(views[i].sample) for i in long}
+        flat = [w for i in long for w in windows[i]]
+        whitebox = whitebox_request(self.scorer.model)
+        request = whitebox if whitebox.covers(request) else request
+        found = iter(self.scorer.signals([w.sample for w in flat], request, progress=self.progress, views=flat))
+        out_views, out_signals = [], []
+        for i, (view, sig) in enumerate(zip(views, signals)):
+            mine = windows.get(i, [view])
+            out_views += mine
+            out_signals += [next(found) for _ in mine] if i in windows else [sig]
+        return out_views, out_signals
+
+    def score_answers(self, det, views, signals) -> tuple[tuple, dict]:
+        """``((probabilities, ranking scores), span figures)`` of a fitted detector on answers (one view and its
+        signals each), every long context scored in windows (:meth:`windowed`,
+        :meth:`halwatch.detectors.base.Detector.answer_outputs`)."""
+        flat_views, flat_signals = self.windowed(views, signals, det.request())
+        _, raw, tokens, _ = det.answer_outputs(flat_views, flat_signals)
+        probs = det.calibrator.transform(raw)
+        return (probs, det.calibrator.ranking(raw)), self.span_metrics(det, signals, views, probs, tokens)
+
     @staticmethod
-    def span_metrics(det, signals, views, probs) -> dict:
+    def span_metrics(det, signals, views, probs, tokens=None) -> dict:
         """Span-level figures of a fitted detector on test responses that have gold spans: character-level
         precision, recall and F1 of its flagged spans (and the F1 of flagging every character), the share of grounded
         answers left without a span, the span F1 of each answer shape where the set has several, and, for a detector
         with a window classifier (Lookback Lens), AUROC, AUC-PR and F1 over the test windows (``window_*``); with
-        the span rule and its F1 on the training answers it was chosen on."""
+        the span rule and its F1 on the training answers it was chosen on. ``tokens``: the answers' token scores
+        where they are at hand (else from ``signals``)."""
         from halwatch.detectors.spans import describe_rule
 
         if det.token_threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]
-        predicted = [det.spans_from(v, s, p) for v, s, p in zip(views, signals, probs)]
+        tokens = det.outputs(signals)[1] if tokens is None else tokens
+        predicted = [det.token_spans(v, t, float(p)) for v, t, p in zip(views, tokens, probs)]
         out = span_scores(predicted, gold)
         everything = [[{"start": 0, "end": len(v.sample.response)}] for v in views]  # flag every character
         out["span_trivial_f1"] = span_scores(everything, gold)["span_f1"]
@@ -261,10 +291,10 @@ class Bench:
                     _, labels, views, signals, generator = self._detector_data(name, det_name, options,
                                                                                np.concatenate([probe, test]))
                     t0 = time.perf_counter()
-                    det, scored = self.fit_score(
-                        det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]),
-                        [signals[i] for i in test], options)
-                    spans = self.span_metrics(det, [signals[i] for i in test], [views[i] for i in test], scored[0])
+                    det, _ = self.fit_score(
+                        det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]), [],
+                        options)
+                    scored, spans = self.score_answers(det, [views[i] for i in test], [signals[i] for i in test])
                     self._record(name, generator, protocol, seed, det_name, labels[test], scored, det.threshold,
                                  time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
@@ -306,8 +336,7 @@ class Bench:
                 rows = [(pooled[n], i) for n in names for i in parts[n][1]]
                 signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
                 labels = np.array([d[1][i] for d, i in rows])
-                scored = det.scores_and_ranking(signals)
-                spans = self.span_metrics(det, signals, views, scored[0])
+                scored, spans = self.score_answers(det, views, signals)
                 self._record(label, pooled[names[0]][4], "shape-transfer", 0, det_name, labels, scored,
                              det.threshold, time.perf_counter() - t0,
                              {**(extra or {}), **spans, "settings": {"training": training, "eval": eval_split}})
@@ -346,8 +375,7 @@ class Bench:
                 fitted = LookbackLens(scorer=source_scorer).fit_signals([s_signals[i] for i in probe],
                                                                          s_labels[probe], [s_views[i] for i in probe])
                 mapped = LookbackLens.mapped_from(fitted, self.scorer, [samples[i] for i in probe])
-                scored = mapped.scores_and_ranking([signals[i] for i in test])
-                spans = self.span_metrics(mapped, [signals[i] for i in test], [views[i] for i in test], scored[0])
+                scored, spans = self.score_answers(mapped, [views[i] for i in test], [signals[i] for i in test])
                 self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], scored,
                              mapped.threshold, time.perf_counter() - t0, spans, probe_size=probe_size)
         return self.rows
@@ -365,11 +393,10 @@ class Bench:
                 _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
                 _, t_labels, t_views, t_signals, generator = self._detector_data(target, det_name, options, t_test)
                 t0 = time.perf_counter()
-                det, scored = self.fit_score(
-                    det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]),
-                    [t_signals[i] for i in t_test], options)
-                spans = self.span_metrics(det, [t_signals[i] for i in t_test], [t_views[i] for i in t_test],
-                                          scored[0])
+                det, _ = self.fit_score(
+                    det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]), [],
+                    options)
+                scored, spans = self.score_answers(det, [t_views[i] for i in t_test], [t_signals[i] for i in t_test])
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
                              det.threshold, time.perf_counter() - t0, {**(extra or {}), **spans},
                              probe_size=probe_size)

@@ -6,9 +6,10 @@
   and ``detector``. Each
   result has ``score`` (probability of hallucination), ``hallucinated``, the ``threshold`` used, ``spans``
   (character offsets into the response, ``offset_unit`` code points, with the text), the detector, scoring model and
-  input mode, ``truncated``: how many context tokens were cut to fit the token cap, and ``ood``: how far the
-  answer's inputs lie from the detector's training data. A response that does not fit the scoring model is refused
-  (422), never cut.
+  input mode, ``windows``: how many windows of a context longer than the token cap the answer was scored against
+  (:meth:`halwatch.detectors.base.Detector.answer_outputs`), ``truncated``: how many context tokens no window held,
+  and ``ood``: how far the answer's inputs lie from the detector's training data. A response that does not fit the
+  scoring model is refused (422), never cut.
 - ``GET /v1/detectors``: what is loaded, with what each was fitted on.
 - ``POST /v1/watch/check``: HalMit's monitor (Algorithm 1) for a query, against the configured store.
 - ``POST /v1/chat/completions`` with ``--upstream``: the guard proxy (:mod:`halwatch.serve.guard`).
@@ -44,6 +45,7 @@ from halwatch.serve.common import (
     read_json,
     watch_disconnect,
 )
+from halwatch.tokens import MAX_WINDOWS
 
 OFFSET_UNIT = "unicode_code_point"
 
@@ -130,6 +132,9 @@ class ScoreResult(BaseModel):
     scoring_model: str
     input_mode: str
     truncated: int
+    windows: int = Field(1, description="windows of a context longer than the token cap that the answer was scored "
+                                        "against: the most supportive one gives the verdict, and each word's score "
+                                        "is its lowest over them")
     ood: Distance | None = None
 
 
@@ -166,7 +171,7 @@ class _Job:
     """One answer waiting for the batcher."""
 
     detector: object
-    view: object
+    views: list  # one token view, or the windows of a long context
     future: asyncio.Future
     tokens: int = 0
     queued_at: float = 0.0
@@ -207,7 +212,8 @@ class Limits:
     """The service's limits. ``batch_size``: answers per forward batch, or ``None`` for the device's choice
     (:data:`BATCH_SIZE`). ``batch_padding``: the largest share of a batch's positions that may be padding (padding
     is paid in full; 1.0 batches any lengths together). ``min_span_confidence``: the spans a result leaves out unless
-    a request says otherwise (``None``: each detector artifact's own, 0 unless set)."""
+    a request says otherwise (``None``: each detector artifact's own, 0 unless set). ``windows``: the most windows a
+    context longer than the token cap is scored in (:meth:`halwatch.scorer.Scorer.encode_windows`)."""
 
     max_items: int = 64
     batch_size: int | None = None  # None: 1 on a CPU (batching gains nothing there), 8 on a GPU
@@ -217,6 +223,7 @@ class Limits:
     queue_tokens: int = 1 << 18
     timeout: float = 120.0
     min_span_confidence: float | None = None
+    windows: int = MAX_WINDOWS
 
 
 class ScoringService:
@@ -254,7 +261,7 @@ class ScoringService:
             key = (artifact.get("scoring_model"), artifact.get("input_mode"), artifact.get("max_tokens"))
             if key not in scorers:
                 scorers[key] = Scorer.from_options(model=self.models.get(key[0]), identity=artifact, cache=None,
-                                                   device=self.device, dtype=self.dtype)
+                                                   device=self.device, dtype=self.dtype, windows=self.limits.windows)
             self.detectors[name] = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorers[key])
             if self.limits.min_span_confidence is not None:
                 self.detectors[name].min_span_confidence = self.limits.min_span_confidence
@@ -271,7 +278,7 @@ class ScoringService:
         pass, and admission control starts from a measured seconds-per-token."""
         for detector in self.detectors.values():
             view = detector._scorer().encode(ScoreItem.model_validate(EXAMPLE).sample(0))
-            job = _Job(detector, view, None, len(view.input_ids))
+            job = _Job(detector, [view], None, len(view.input_ids))
             t0 = time.perf_counter()
             self.compute([job])
             self.worker.measured(job.cost, time.perf_counter() - t0)
@@ -285,7 +292,8 @@ class ScoringService:
         return out
 
     def prepare(self, items: list[ScoreItem]) -> list[tuple[object, object]]:
-        """``(detector, token view)`` of every item, or the refusal of the whole request naming the item."""
+        """``(detector, token views)`` of every item (one view, or the windows of a long context), or the refusal of
+        the whole request naming the item."""
         prepared = []
         for i, item in enumerate(items):
             name = item.detector or self.default
@@ -294,10 +302,10 @@ class ScoringService:
                                     f"{', '.join(self.detectors)})", "unknown_detector", f"[{i}].detector")
             detector = self.detectors[name]
             try:
-                view = detector._scorer().encode(item.sample(i))
+                views = detector._scorer().encode_windows(item.sample(i))
             except InputError as exc:
                 raise ApiError(422, f"item {i}: {exc.problem}", "invalid_item", f"[{i}]") from None
-            prepared.append((detector, view))
+            prepared.append((detector, views))
         return prepared
 
     async def score_body(self, body, http_request=None) -> list[dict]:
@@ -314,8 +322,8 @@ class ScoringService:
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
         now = loop.time()
-        jobs = [_Job(det, view, loop.create_future(), len(view.input_ids), now, item.min_span_confidence)
-                for (det, view), item in zip(prepared, items)]
+        jobs = [_Job(det, views, loop.create_future(), sum(len(v.input_ids) for v in views), now,
+                     item.min_span_confidence) for (det, views), item in zip(prepared, items)]
         cost = sum(job.cost for job in jobs)
         facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
         facts.update(items=len(jobs), tokens=sum(job.tokens for job in jobs))
@@ -405,10 +413,11 @@ class ScoringService:
             request = batch[indices[0]].detector.request()
             for i in indices[1:]:
                 request = request.merge(batch[i].detector.request())
-            views = [batch[i].view for i in indices]
-            signals = scorer.signals([v.sample for v in views], request, views=views)
-            for i, sig in zip(indices, signals):
-                results[i] = (batch[i].detector.verdicts([batch[i].view], [sig], batch[i].min_span_confidence)[0]
+            views = [v for i in indices for v in batch[i].views]
+            signals = iter(scorer.signals([v.sample for v in views], request, views=views))
+            for i in indices:
+                mine = [next(signals) for _ in batch[i].views]
+                results[i] = (batch[i].detector.verdicts(batch[i].views, mine, batch[i].min_span_confidence)[0]
                               | {"offset_unit": OFFSET_UNIT})
         return results
 
