@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]';
 
 from halwatch.data.jsonl import sample_record, write_jsonl  # noqa: E402
 from halwatch.detectors import load_detector  # noqa: E402
+from halwatch.sample import Sample  # noqa: E402
 from halwatch.scale import finished_ids, score_records  # noqa: E402
 
 
@@ -142,6 +143,16 @@ def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, probe, tmp_pat
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
         np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
+    # the windows of a long context: each gets its own window's signals, not the left-cut view's
+    small = Scorer(model=smol, max_tokens=128, cache=tmp_path / "windows")
+    small.remote = lambda todo, req: ray_signals(small, todo, req, address=cluster, actors=1)
+    long = Sample(context=" ".join(f"Fact {i} is {i * 3}." for i in range(40)), question="Fact 0?", response="0.")
+    views = small.encode_windows(long)
+    got = small.signals([long] * len(views), request, views=views)
+    here = Scorer(model=smol, max_tokens=128, cache=None).signals([long] * len(views), request, views=views)
+    assert len(views) > 1
+    for a, b in zip(got, here):
+        np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
 
 
 def test_an_address_where_nothing_listens_fails_at_once(records, tmp_path):

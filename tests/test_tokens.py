@@ -121,6 +121,10 @@ def test_long_context_is_scored_in_overlapping_windows_that_cover_it(smol):
         shared = [i for i in range(70) if f"number {i} of" in left and f"number {i} of" in right]
         assert len(shared) >= 2
     assert all(v.cut_tokens == 0 for v in views)
+    # each view knows the prompt text it holds (LM-Polygraph's estimators read it)
+    for view in views:
+        again = smol.tokenizer(view.prompt_text(), add_special_tokens=True)["input_ids"]
+        assert again == view.input_ids[: view.n_prompt]
 
 
 def test_a_context_beyond_the_windows_loses_its_left_part_and_says_how_much(smol, caplog):

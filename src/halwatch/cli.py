@@ -305,8 +305,9 @@ def cmd_calibrate(args) -> int:
     labels = [s.label for s in samples]
     if len(set(labels)) < 2:
         raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
-    signals = scorer.signals(samples, detector.request(), progress=True)
-    report = detector.recalibrate(signals, labels, args.target_fpr, describe)
+    _, views = _encode_all(scorer, samples, False, windows=True)
+    signals = scorer.signals([v.sample for v in views], detector.request(), progress=True, views=views)
+    report = detector.recalibrate(detector.answer_outputs(views, signals)[1], labels, args.target_fpr, describe)
     detector.save(args.output)
     tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"
     note(f"calibrated {detector.name} on {report['n']} answers ({report['n_hallucinated']} hallucinated; the "
@@ -710,6 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)
+    _add_windows_option(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("data", help="export datasets to the generic JSONL format")

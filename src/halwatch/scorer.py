@@ -168,9 +168,12 @@ class Scorer:
                 self.cache.put(keys[i], sig)
 
         if todo and self.remote is not None:
-            for i, sig in zip(todo, self.remote([samples[i] for i in todo], request)):
+            # the remote encodes each sample itself (encode's one view): a window of a long context other than the
+            # last is not that view, and is computed here
+            away = [i for i in todo if views[i].window[0] == views[i].window[1] - 1]
+            for i, sig in zip(away, self.remote([samples[i] for i in away], request)):
                 keep(i, sig)
-            todo = []
+            todo = [i for i in todo if views[i].window[0] != views[i].window[1] - 1]
         with progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample") as bar:
             for batch in self.batches([len(views[i].input_ids) for i in todo]):
                 batch = [todo[j] for j in batch]

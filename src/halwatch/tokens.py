@@ -67,10 +67,19 @@ class TokenView:
     cut_tokens: int = 0  # prompt tokens those characters took
     n_header: int = 0  # the last prompt tokens that form the answer header (see answer_header_length)
     window: tuple[int, int] = (0, 1)  # (index, count) of this view among the windows of a long context
+    kept: tuple[int, int] | None = None  # the characters of the prompt's context that the view holds (None: all)
 
     @property
     def n_response(self) -> int:
         return len(self.input_ids) - self.n_prompt
+
+    def prompt_text(self) -> str:
+        """The prompt as the scoring model saw it: the context less what the token cap cut, or only this window."""
+        prompt = self.sample.prompt
+        if self.kept is None:
+            return prompt
+        ctx_start, ctx_end = self.sample.context_span or (0, len(prompt))
+        return prompt[:ctx_start] + prompt[self.kept[0]:self.kept[1]] + prompt[ctx_end:]
 
     def word_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(starts, ends, first, last)``: the character range of every word of the response (:data:`WORD`) and,
@@ -281,6 +290,8 @@ def encode_windows(sample: Sample, tokenizer, input_mode: str = "raw", max_token
     while firsts[-1] > 0 and len(firsts) < max_windows:
         firsts.append(max(0, firsts[-1] - stride))
     if len(firsts) == 1:  # the cut context tokenizes into no more than one window after all
+        log.warning("%s: prompt cut by %d context characters (from the left) to fit %d tokens",
+                    sample.where or "sample", last.cut_chars, max_tokens)
         return [last]
     firsts.reverse()
     resp_ids, offsets = _response_tokens(tokenizer, sample.response)
@@ -350,5 +361,6 @@ def _fit_context(sample: Sample, tokenizer, input_mode: str, max_tokens: int, re
         cut += max(1, ctx_offsets[excess][0])
     view = TokenView(sample=sample, input_ids=prompt_ids + resp_ids, n_prompt=len(prompt_ids), offsets=offsets,
                      input_mode=input_mode, cut_chars=(start - ctx_start) + cut, cut_tokens=n_first - len(prompt_ids),
-                     n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids))
+                     n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids),
+                     kept=(start + cut, end))
     return view, n_first

@@ -340,10 +340,10 @@ class Detector:
         signals = self._scorer().signals(samples, self.fit_request(), progress=progress, views=views)
         return self.fit_signals(signals, labels, views)
 
-    def recalibrate(self, signals: list[Signals], labels, target_fpr: float | None = None,
-                    describe: str = "") -> dict:
+    def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "") -> dict:
         """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the
-        method itself is kept): Platt scaling on the raw scores of these answers (their share of hallucinated
+        method itself is kept), given their raw scores as scoring computes them (:meth:`answer_outputs`, long
+        contexts in windows): Platt scaling on the raw scores of these answers (their share of hallucinated
         answers is the prior the probabilities then assume) and, with ``target_fpr``, the split-conformal threshold
         that holds that false-positive rate on answers like these (:func:`conformal_threshold`), else the best F1
         on them. Returns what was reached on these answers and the guarantee's terms."""
@@ -351,7 +351,7 @@ class Detector:
 
         self._require_fitted()
         labels = np.asarray(labels, dtype=int)
-        raw = np.asarray(self.raw_scores(signals), dtype=float)
+        raw = np.asarray(raw, dtype=float)
         calibrator = Calibrator(self.calibrator.method).fit(raw, labels, oriented=self.supervised)
         probs = calibrator.transform(raw)
         report: dict = {"n": int(len(labels)), "n_hallucinated": int(labels.sum())}

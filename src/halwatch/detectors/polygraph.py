@@ -201,13 +201,6 @@ def _run(scoring_model, ids: list[int], recorder: _AttentionRows, logits_to_keep
     return out
 
 
-def prompt_text(view) -> str:
-    """The prompt text the scorer used for ``view`` (with the context cut it made to fit the token cap)."""
-    sample = view.sample
-    start = (sample.context_span or (0, len(sample.prompt)))[0]
-    return sample.prompt[:start] + sample.prompt[start + view.cut_chars:]
-
-
 def teacher_forced_stats(scoring_model, view, attention: bool = True) -> dict:
     """LM-Polygraph's statistics of the answer in ``view`` (a batch of one), from one teacher-forced pass over the
     scorer's input ``view.input_ids`` (prompt tokens, then the response tokens) instead of a generation.
@@ -246,7 +239,7 @@ def teacher_forced_stats(scoring_model, view, attention: bool = True) -> dict:
     log_probs = torch.log_softmax(out.logits[0, :n_resp].float(), dim=-1).cpu().numpy()
     tokens = ids[n_prompt:]
     stats = {
-        "input_texts": [prompt_text(view)],
+        "input_texts": [view.prompt_text()],
         "input_tokens": [ids[:n_prompt]],
         "greedy_log_probs": [log_probs],
         "greedy_tokens": [tokens],
@@ -272,7 +265,7 @@ def eliciting_attention(scoring_model, view, template: str, suffix: str) -> np.n
     tokens, then ``suffix``) on each response token, every layer and head, as ``AttentionElicitingPromptCalculator``
     computes it; from one teacher-forced pass."""
     tokenizer = scoring_model.tokenizer
-    head = list(tokenizer([template.format(q=prompt_text(view))])["input_ids"][0])
+    head = list(tokenizer([template.format(q=view.prompt_text())])["input_ids"][0])
     tail = list(tokenizer([suffix], add_special_tokens=False)["input_ids"][0])
     response = list(view.input_ids[view.n_prompt :])
     ids = head + response + tail

@@ -40,8 +40,9 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     rows = []
     for name in datasets:
         samples = [s for s in load_dataset(name)[0] if split_of(s) == split]
-        views = [scorer.encode(s) for s in samples]
-        signals = scorer.signals(samples, base.request(), progress=True, views=views)
+        views = [v for s in samples for v in scorer.encode_windows(s)]  # as halwatch calibrate and score see them
+        signals = scorer.signals([v.sample for v in views], base.request(), progress=True, views=views)
+        raw = base.answer_outputs(views, signals)[1]
         labels = np.array([s.label for s in samples])
         reached = []
         for seed in range(seeds):
@@ -50,8 +51,8 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
                 fit_part = np.sort(np.random.default_rng(seed).choice(fit_part, max_answers, replace=False))
             det = copy.deepcopy(base)
             det.scorer = scorer
-            det.recalibrate([signals[i] for i in fit_part], labels[fit_part], target_fpr)
-            flagged = det.score_signals([signals[i] for i in check]) >= det.threshold
+            det.recalibrate(raw[fit_part], labels[fit_part], target_fpr)
+            flagged = det.calibrator.transform(raw[check]) >= det.threshold
             reached.append((flagged[labels[check] == 0].mean(), flagged[labels[check] == 1].mean(), len(fit_part)))
         fpr, tpr, n = (np.array(x, dtype=float) for x in zip(*reached))
         rows.append({"dataset": name, "split": split, "target_fpr": target_fpr, "seeds": seeds,

@@ -260,6 +260,7 @@ class Bench:
         identity = {k: v for k, v in self.scorer.identity().items() if k in ("scoring_model", "input_mode")}
         row = {
             "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **identity,
+            "windows": self.scorer.windows,  # the most windows a long test context was scored in (1: left cut)
             "detector": detector, "protocol": protocol, "seed": int(seed),
             **evaluate(labels, probs, threshold, ranking), "seconds": round(seconds, 3), "commit": self.commit,
             "dirty": self.commit.endswith("-dirty"), **(extra or {}),
