@@ -92,8 +92,9 @@ def test_every_detector_fits_and_scores(tiny, probe, tmp_path):
     by_length = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
     train = [s for s in by_length if s.label][:5] + [s for s in by_length if not s.label][:5]
     held_out = [s for s in by_length if s not in train][:3]
-    scorer = Scorer(model=tiny, max_tokens=400, cache=tmp_path, batch_size=None)
-    scorer.signals(train + held_out, whitebox_request(tiny))  # one shared pass, as the benchmarks do
+    # one shared pass, as the benchmarks do (one view per answer: windows are tested on the default model)
+    scorer = Scorer(model=tiny, max_tokens=400, cache=tmp_path, batch_size=None, windows=1)
+    scorer.signals(train + held_out, whitebox_request(tiny))
     small = {"n_samples": 2, "max_new_tokens": 6}
     failed = {}
     refused = REFUSED.get(tiny.name.removeprefix("tiny-"), {})

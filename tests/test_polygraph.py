@@ -93,7 +93,7 @@ def _small_probe(probe, n=6):
 
 def test_detector_fits_scores_and_one_cached_pass_feeds_every_estimator(smol, probe, tmp_path, request):
     small = _small_probe(probe)
-    scorer = Scorer(model=smol, input_mode="raw", max_tokens=256, cache=tmp_path)
+    scorer = Scorer(model=smol, input_mode="raw", max_tokens=256, cache=tmp_path, windows=1)  # one view per answer
     det = create_detector("polygraph:Perplexity", scorer=scorer).fit(small)
     assert det.settings["estimator"] == "Perplexity" and det.fitted_on["n"] == 12
     probs = det.score(small)
@@ -110,7 +110,7 @@ def test_detector_fits_scores_and_one_cached_pass_feeds_every_estimator(smol, pr
     calls = []  # forward passes of the model from here on
     hook = smol.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     request.addfinalizer(hook.remove)
-    again = Scorer(model=smol, input_mode="raw", max_tokens=256, cache=tmp_path)  # a new scorer: the disk cache
+    again = Scorer(model=smol, input_mode="raw", max_tokens=256, cache=tmp_path, windows=1)  # a new scorer: the cache
     for name in (n for n, group in pg.ESTIMATORS.items() if group == "forward"):
         raw = create_detector(f"polygraph:{name}", scorer=again).fit(small).raw_scores(
             again.signals(small, create_detector(f"polygraph:{name}").request()))
