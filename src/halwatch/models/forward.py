@@ -210,7 +210,9 @@ class Signals:
 
 class _Capture:
     """Runs the requested reducers on the attention rows of the chosen heads while the model runs, layer by layer,
-    in torch on the model's device; keeps the rows themselves only when asked (``keep_attention``)."""
+    for the whole batch at once, in torch on the model's device; keeps the rows themselves only when asked
+    (``keep_attention``). Nothing here loops over the samples of the batch until :meth:`assemble` hands out each
+    sample's share of the results, which leave the device once per batch."""
 
     def __init__(self, request: SignalRequest, views: list[TokenView], offset: int = 0):
         self.request = request
@@ -220,14 +222,36 @@ class _Capture:
             self.by_layer.setdefault(layer, []).append(head)
         self.views = views
         self.lengths = [len(v.input_ids) for v in views]
-        self.rows: list[dict] = [{} for _ in views]
-        self.reduced: list[dict[str, list]] = [{} for _ in views]  # per reducer: outputs of layers, in order
-        self.partial: list[dict[str, list]] = [{} for _ in views]  # per reducer with ``finish``: waiting partials
+        first = [0 if request.attention_from == "all" else v.n_prompt - 1 for v in views]
+        self.rows = Rows(tuple(v.n_prompt for v in views), tuple(v.n_header for v in views), tuple(first),
+                         tuple(self.lengths))
+        self.kept: dict[int, list] = {}  # layer -> the kept rows of each sample (keep_attention)
+        self.reduced: dict[str, list] = {}  # per reducer: outputs of layers, in order, each field [B, H, ...]
+        self.partial: dict[str, list] = {}  # per reducer with ``finish``: waiting partials
         self.seen: set[int] = set()  # layers whose rows were captured
+        self._index = {}  # per device: the positions of the rows' queries; and the partial budget
 
-    def first_row(self, b: int) -> int:
-        """Rows begin at the last prompt token (the query that generates the first response token), or at 0."""
-        return 0 if self.request.attention_from == "all" else self.views[b].n_prompt - 1
+    def _budget(self, tensor) -> int:
+        """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
+        CPU; on a GPU a quarter of the memory free when the batch began (at least that), so that Prim's algorithm
+        runs on many layers at once."""
+        if "budget" not in self._index:
+            import torch
+
+            free = torch.cuda.mem_get_info(tensor.device)[0] if tensor.device.type == "cuda" else 0
+            self._index["budget"] = max(PARTIAL_BUDGET, free // 4)
+        return self._index["budget"]
+
+    def _positions(self, device):
+        """``[B, Q]``: the absolute position of each row's query (rows past a sample's last query repeat it)."""
+        import torch
+
+        if device not in self._index:
+            span = max(n - s for n, s in zip(self.lengths, self.rows.row_start))
+            start = torch.tensor(self.rows.row_start, device=device)[:, None]
+            last = torch.tensor(self.lengths, device=device)[:, None] - 1
+            self._index[device] = torch.minimum(start + torch.arange(span, device=device)[None, :], last)
+        return self._index[device]
 
     def record(self, module, query, key, attention_mask, scaling, softcap=None):
         import torch
@@ -239,50 +263,66 @@ class _Capture:
         self.seen.add(layer)
         groups = query.shape[1] // key.shape[1]
         h_idx = torch.tensor(heads, device=query.device)
+        positions = self._positions(query.device)  # [B, Q]
+        batch, n_rows, longest = positions.shape[0], positions.shape[1], max(self.lengths)
         q_sel = query.index_select(1, h_idx)
-        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))
+        q_rows = q_sel.gather(2, (positions - self.offset)[:, None, :, None].expand(
+            batch, len(heads), n_rows, q_sel.shape[-1]))
+        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))[:, :, :longest]
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
-        off = self.offset
-        for b in range(query.shape[0]):
-            start, end, view = self.first_row(b), self.lengths[b], self.views[b]
-            scores = torch.matmul(q_sel[b, :, start - off:end - off].float(),
-                                  k_sel[b, :, :end].float().transpose(-1, -2))
-            mask = None if attention_mask is None else attention_mask[b, :, start - off:end - off, :end]
-            probs = attention_probs(scores, scaling, softcap, mask, start)
-            rows = Rows(probs, view.n_prompt, view.n_header, start)
-            if self.request.keep_attention:
-                kept = probs if self.request.attention_from == "all" else rows.response()
-                self.rows[b][layer] = kept.cpu().numpy()
-            for name in self.request.reducers:
-                spec, out = REDUCERS[name], REDUCERS[name].fn(rows)
-                if spec.finish is None:
-                    self.reduced[b].setdefault(name, []).append(out)
-                    continue
-                waiting = self.partial[b].setdefault(name, [])
-                waiting.append(out)
-                if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > PARTIAL_BUDGET:
-                    self._finish(b, name)
+        scores = torch.matmul(q_rows.float(), k_sel.float().transpose(-1, -2))  # [B, H, Q, K]
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[..., :longest]
+            mask = mask.expand(batch, -1, -1, -1).gather(
+                2, (positions - self.offset)[:, None, :, None].expand(batch, mask.shape[1], n_rows, longest))
+        rows = self.rows
+        rows.probs = attention_probs(scores, scaling, softcap, mask, positions[:, None, :, None])
+        if self.request.keep_attention:
+            kept = rows.probs if self.request.attention_from == "all" else rows.response()
+            self.kept[layer] = kept  # cut to each sample's rows and keys in assemble
+        for name in self.request.reducers:
+            spec, out = REDUCERS[name], REDUCERS[name].fn(rows)
+            if spec.finish is None:
+                self.reduced.setdefault(name, []).append(out)
+                continue
+            waiting = self.partial.setdefault(name, [])
+            waiting.append(out)
+            if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > self._budget(query):
+                self._finish(name)
+        rows.probs = None
 
-    def _finish(self, b: int, name: str) -> None:
-        waiting = self.partial[b].pop(name, [])
+    def _finish(self, name: str) -> None:
+        waiting = self.partial.pop(name, [])
         if waiting:
-            self.reduced[b].setdefault(name, []).append(REDUCERS[name].finish(waiting))
+            self.reduced.setdefault(name, []).append(REDUCERS[name].finish(waiting))
 
-    def assemble(self, b: int) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray]]]:
+        """Each sample's ``(attention rows, reducer fields)``: the fields of every layer joined along the heads,
+        copied off the device once for the whole batch, then cut to each sample's response."""
         import torch
 
         layers = sorted(self.by_layer)  # the model runs its layers in order, so outputs are in this order
-        attention = None
-        if self.request.keep_attention:
-            attention = np.concatenate([self.rows[b][layer] for layer in layers], axis=0)
-        reduced = {}
+        batch = {}
         for name in self.request.reducers:
-            self._finish(b, name)
-            outputs = self.reduced[b][name]
-            reduced.update({f"{name}.{k}": torch.cat([o[k] for o in outputs]).float().cpu().numpy()
-                            for k in outputs[0]})
-        return attention, reduced
+            self._finish(name)
+            outputs = self.reduced[name]
+            batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float().cpu().numpy()
+                          for k in outputs[0]})
+        kept = None
+        if self.request.keep_attention:
+            kept = torch.cat([self.kept[layer] for layer in layers], dim=1).cpu().numpy()
+        results = []
+        for b, view in enumerate(self.views):
+            n_resp, length = view.n_response, self.lengths[b]
+            reduced = {k: v[b, :, :n_resp] if v.ndim == 3 else v[b] for k, v in batch.items()}
+            attention = None
+            if kept is not None:
+                n_rows = length if self.request.attention_from == "all" else n_resp
+                attention = kept[b, :, :n_rows, :length]
+            results.append((attention, reduced))
+        return results
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -405,30 +445,15 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             values, index = lrp.targets(out.logits, views, longest - keep, rel.target)
             by_seed = lrp.backward_relevance(embeds, values, views, rel.rows)
             row_sums = lrp.prompt_row_sums(model, embeds, attn_mask, views, longest - keep, keep, index)
+    batch = _batch_outputs(out, views, request, offset, longest - keep)
+    captured = capture.assemble() if capture is not None else None
     results = []
     for b, v in enumerate(views):
         sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
-                      hidden_layers=request.hidden_layers, token_hidden_layers=request.token_hidden_layers)
-        if request.token_stats:
-            first = longest - keep  # absolute position of out.logits[:, 0]
-            logits = out.logits[b, v.n_prompt - 1 - first : lengths[b] - 1 - first].detach().float()
-            logp = torch.log_softmax(logits, dim=-1)
-            target = torch.tensor(v.input_ids[v.n_prompt :], device=device)
-            sig.logprobs = logp.gather(1, target[:, None])[:, 0].cpu().numpy().astype(np.float32)
-            sig.entropy = (-(logp.exp() * logp).sum(-1)).cpu().numpy().astype(np.float32)
-        def response_hidden(i):
-            return out.hidden_states[i][b, v.n_prompt - offset : lengths[b] - offset].detach().float()
-
-        if request.hidden_layers:
-            rows = [response_hidden(i) for i in request.hidden_layers]
-            if request.hidden_pool == "mean_last":
-                rows = [torch.stack([r.mean(0), r[-1]]) for r in rows]
-            sig.hidden = np.stack([r.cpu().numpy() for r in rows])
-        if request.token_hidden_layers:
-            sig.token_hidden = np.stack([response_hidden(i).half().cpu().numpy()
-                                         for i in request.token_hidden_layers])
+                      hidden_layers=request.hidden_layers, token_hidden_layers=request.token_hidden_layers,
+                      **{name: per_sample[b] for name, per_sample in batch.items()})
         if capture is not None:
-            sig.attention, sig.reduced = capture.assemble(b)
+            sig.attention, sig.reduced = captured[b]
         if rel is not None:
             sig.relevance = {
                 "mean": by_seed[b][0].astype(np.float32),
@@ -443,6 +468,58 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     return results
 
 
+#: Response rows whose next-token distributions are normalised at a time (bounds the float32 logits copy).
+LOGIT_ROWS = 4096
+
+
+def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: int, first_logit: int) -> dict:
+    """The token statistics and hidden states of every sample of the batch, computed for all of its response tokens
+    at once and copied off the device once: ``{field: [value of sample b]}`` for the fields of :class:`Signals`
+    (``logprobs``, ``entropy``, ``hidden``, ``token_hidden``) the request asks for. ``first_logit``: the absolute
+    position of ``out.logits[:, 0]``; ``offset``: that of ``out.hidden_states[i][:, 0]``."""
+    import torch
+
+    if not (request.token_stats or request.hidden_layers or request.token_hidden_layers):
+        return {}
+    counts = [v.n_response for v in views]
+    ends = np.cumsum(counts)[:-1]
+    device = (out.logits if out.logits is not None else out.hidden_states[0]).device
+    sample = torch.tensor(np.repeat(np.arange(len(views)), counts), device=device)
+    position = torch.tensor([p for v in views for p in range(v.n_prompt, len(v.input_ids))], device=device)
+    fields = {}
+    if request.token_stats:
+        target = torch.tensor([t for v in views for t in v.input_ids[v.n_prompt:]], device=device)
+        logprobs, entropy = [], []
+        for lo in range(0, len(target), LOGIT_ROWS):
+            part = slice(lo, lo + LOGIT_ROWS)
+            logp = torch.log_softmax(out.logits[sample[part], position[part] - 1 - first_logit].detach().float(), -1)
+            logprobs.append(logp.gather(1, target[part, None])[:, 0])
+            entropy.append(-(logp.exp() * logp).sum(-1))
+        fields["logprobs"] = np.split(torch.cat(logprobs).cpu().numpy().astype(np.float32), ends)
+        fields["entropy"] = np.split(torch.cat(entropy).cpu().numpy().astype(np.float32), ends)
+
+    def response_hidden(i):  # [sum R, d]: every response token's hidden state after layer i
+        return out.hidden_states[i][sample, position - offset].detach().float()
+
+    if request.hidden_layers:
+        rows = [response_hidden(i) for i in request.hidden_layers]
+        if request.hidden_pool == "mean_last":
+            size = torch.tensor(counts, device=device, dtype=torch.float32)[:, None]
+            last = torch.tensor(np.cumsum(counts) - 1, device=device)
+            rows = [torch.stack([torch.zeros(len(views), r.shape[1], device=device).index_add_(0, sample, r) / size,
+                                 r[last]], dim=1) for r in rows]  # [B, 2, d] each
+            fields["hidden"] = list(torch.stack(rows, dim=1).cpu().numpy())
+        else:
+            fields["hidden"] = [np.ascontiguousarray(part.transpose(1, 0, 2)) for part in
+                                np.split(torch.stack(rows, dim=1).cpu().numpy(), ends)]
+    if request.token_hidden_layers:
+        rows = torch.stack([response_hidden(i).half() for i in request.token_hidden_layers], dim=1)
+        fields["token_hidden"] = [np.ascontiguousarray(part.transpose(1, 0, 2))
+                                  for part in np.split(rows.cpu().numpy(), ends)]
+    return fields
+
+
+
 def attach_support(view: TokenView, sig: Signals) -> None:
     """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
     the whole context, even where the token cap cut it from the model's input, up to its last
@@ -450,8 +527,7 @@ def attach_support(view: TokenView, sig: Signals) -> None:
     sample = view.sample
     context = sample.context_text
     context = context[tail_start(context, support.MAX_CONTEXT_CHARS):]
-    sig.support = support.token_features(context, sample.response, view.offsets)
-    sig.support_answer = support.answer_features(context, sample.response)
+    sig.support, sig.support_answer = support.features(context, sample.response, view.offsets)
 
 
 def whitebox_request(model) -> SignalRequest:

@@ -5,13 +5,15 @@ spelt out as explicit products where no fused kernel serves."""
 from __future__ import annotations
 
 
-def masked_scores(scores, mask, first_row: int):
+def masked_scores(scores, mask, first_row):
     """Attention scores ``[..., Q, K]`` with the layer's mask applied: ``mask`` cut to these rows and columns
-    (boolean = allowed, else additive), or ``None`` for the causal mask of queries at positions ``first_row ...``."""
+    (boolean = allowed, else additive), or ``None`` for the causal mask of queries at positions ``first_row ...``
+    (an int), or at the positions ``first_row`` holds (a tensor ``[..., Q, 1]``)."""
     import torch
 
     if mask is None:
-        rows = torch.arange(first_row, first_row + scores.shape[-2], device=scores.device)[:, None]
+        rows = first_row if torch.is_tensor(first_row) else torch.arange(
+            first_row, first_row + scores.shape[-2], device=scores.device)[:, None]
         cols = torch.arange(scores.shape[-1], device=scores.device)[None, :]
         return scores.masked_fill(cols > rows, float("-inf"))
     if mask.dtype == torch.bool:
@@ -26,7 +28,7 @@ def capped(scores, softcap):
     return scores if not softcap else torch.tanh(scores / softcap) * softcap
 
 
-def attention_probs(scores, scaling, softcap, mask, first_row: int):
+def attention_probs(scores, scaling, softcap, mask, first_row):
     """The attention weights of raw ``Q K^T`` products: scaled, soft-capped where the model caps (:func:`capped`),
     masked (:func:`masked_scores`) and normalised. What every capture of attention rows recomputes."""
     import torch

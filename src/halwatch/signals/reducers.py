@@ -1,17 +1,21 @@
-"""Per-head reducers: functions that turn the attention rows of some heads of one sample into small per-head signals
-inside the forward pass, in torch, on the model's device, so that the rows never leave it.
+"""Per-head reducers: functions that turn the attention rows of some heads of a batch of samples into small per-head
+signals inside the forward pass, in torch, on the model's device, so that the rows never leave it.
 
-The forward pass (:mod:`halwatch.models.forward`) hands every reducer the same :class:`Rows`: the softmax rows of
-``H`` heads for the queries at positions ``row_start .. n - 1`` over every key (float32). With
-``attention_from="response"`` the rows begin at the last prompt token (``row_start = n_prompt - 1``): Lookback Lens
-reads the rows of the queries that *generate* each response token (the last prompt token for the first one), while
-TOHA, the diagonal and the sink read the rows of the response tokens themselves.
+The forward pass (:mod:`halwatch.models.forward`) hands every reducer the same :class:`Rows` for one layer: the
+softmax rows of ``H`` heads of the ``B`` samples of a batch, each sample's rows starting at its own query position
+(float32). With ``attention_from="response"`` a sample's rows begin at its last prompt token (``row_start =
+n_prompt - 1``): Lookback Lens reads the rows of the queries that *generate* each response token (the last prompt
+token for the first one), while TOHA, the diagonal and the sink read the rows of the response tokens themselves.
+
+A reducer works on the whole batch at once, with no loop over samples: every field it returns is ``[B, H]`` or
+``[B, H, R_max]`` (one value per response token, ``R_max`` the longest response of the batch; the entries past a
+sample's own ``R`` are padding, which the forward pass cuts off).
 
 Each reducer has a version, part of the signal-cache key (:mod:`halwatch.cache`): a change to a definition bumps its
 version, so that old cached values are never reused for the new definition.
 
 The NumPy functions of :mod:`halwatch.signals.lookback` and :mod:`halwatch.signals.topology` are the references the
-tests compare these with.
+tests compare these with, one sample at a time.
 """
 
 from __future__ import annotations
@@ -22,42 +26,87 @@ from typing import Callable
 
 @dataclass
 class Rows:
-    """Attention rows of ``H`` heads of one sample: ``probs[H, Q, n]`` for the queries at ``row_start ..
-    row_start + Q - 1`` (``n`` = tokens of the sample). ``n_prompt`` tokens are the prompt; its last ``n_header``
-    tokens are the answer header (the ``\\noutput:`` line, or the chat template's assistant header), which Lookback
-    Lens counts with the new tokens, not with the context."""
+    """Attention rows of ``H`` heads of ``B`` samples: ``probs[B, H, Q, K]``. Row ``i`` of sample ``b`` is the
+    query at absolute position ``row_start[b] + i``; sample ``b`` has ``length[b]`` tokens, of which the first
+    ``n_prompt[b]`` are the prompt, whose last ``n_header[b]`` tokens are the answer header (the ``\\noutput:``
+    line, or the chat template's assistant header), which Lookback Lens counts with the new tokens, not with the
+    context. Rows past a sample's last query repeat real rows, and keys past its length weigh 0: padding.
 
-    probs: object  # torch.Tensor
-    n_prompt: int
-    n_header: int
-    row_start: int
+    The layout (the four tuples of ints) is the batch's; the forward pass sets ``probs`` for each layer, and the
+    layout's tensors on the device are made once per batch (:meth:`tensor`)."""
+
+    n_prompt: tuple
+    n_header: tuple
+    row_start: tuple
+    length: tuple
+    probs: object = None  # torch.Tensor [B, H, Q, K]
+
+    def __post_init__(self):
+        self._tensors = {}
 
     @property
-    def n_response(self) -> int:
-        return self.probs.shape[-1] - self.n_prompt
+    def r_max(self) -> int:
+        """The longest response of the batch."""
+        return max(n - p for n, p in zip(self.length, self.n_prompt))
 
-    def of_queries(self, first: int, last: int):
-        """Rows of the queries at absolute positions ``first .. last - 1``."""
-        if first < self.row_start:
-            raise ValueError(f"rows begin at query {self.row_start}, asked from {first}")
-        return self.probs[:, first - self.row_start : last - self.row_start]
+    def tensor(self, name: str):
+        """``[B]`` long tensor of a layout field (or ``n_response``) on the device of ``probs``."""
+        import torch
+
+        key = (name, self.probs.device)
+        if key not in self._tensors:
+            values = ([n - p for n, p in zip(self.length, self.n_prompt)] if name == "n_response"
+                      else getattr(self, name))
+            self._tensors[key] = torch.tensor(values, dtype=torch.long, device=self.probs.device)
+        return self._tensors[key]
+
+    def valid(self):
+        """``[B, R_max]`` bool: response token ``i`` exists in sample ``b``."""
+        import torch
+
+        return torch.arange(self.r_max, device=self.probs.device)[None, :] < self.tensor("n_response")[:, None]
+
+    def of_queries(self, first: tuple):
+        """``[B, H, R_max, K]``: the rows of the queries at absolute positions ``first[b] + i``, ``i < R_max``
+        (positions past a sample's rows repeat its last row)."""
+        import torch
+
+        b, h, q, k = self.probs.shape
+        index = [f - s for f, s in zip(first, self.row_start)]
+        if len(set(index)) == 1 and index[0] + self.r_max <= q:  # one slice serves every sample
+            return self.probs[:, :, index[0]:index[0] + self.r_max]
+        index = torch.tensor(index, device=self.probs.device)
+        index = (index[:, None] + torch.arange(self.r_max, device=index.device)[None, :]).clamp(0, q - 1)
+        return self.probs.gather(2, index[:, None, :, None].expand(b, h, self.r_max, k))
 
     def response(self):
-        """``[H, R, n]``: the rows of the response tokens themselves."""
-        return self.of_queries(self.n_prompt, self.probs.shape[-1])
+        """``[B, H, R_max, K]``: the rows of the response tokens themselves."""
+        return self.of_queries(self.n_prompt)
 
     def steps(self):
-        """``[H, R, n]``: the rows of the queries that generate each response token (position ``n_prompt - 1 + i``
-        for response token ``i``)."""
-        return self.of_queries(self.n_prompt - 1, self.probs.shape[-1] - 1)
+        """``[B, H, R_max, K]``: the rows of the queries that generate each response token (position ``n_prompt -
+        1 + i`` for response token ``i``)."""
+        return self.of_queries(tuple(p - 1 for p in self.n_prompt))
+
+    def response_keys(self, w, diagonal: bool = False):
+        """The weights of rows ``w [B, H, R_max, K]`` on the response tokens' keys (``n_prompt[b] + j``):
+        ``[B, H, R_max, R_max]``, columns past a sample's response being padding; with ``diagonal``, only each
+        row's own column ``j = i``, ``[B, H, R_max]``."""
+        import torch
+
+        b, h, r, k = w.shape
+        keys = (self.tensor("n_prompt")[:, None] + torch.arange(r, device=w.device)[None, :]).clamp(max=k - 1)
+        if diagonal:
+            return w.gather(3, keys[:, None, :, None].expand(b, h, r, 1))[..., 0]
+        return w.gather(3, keys[:, None, None, :].expand(b, h, r, r))
 
 
 @dataclass(frozen=True)
 class Reducer:
-    """``fn(rows) -> {field: tensor [H, ...]}``. A reducer with ``finish`` is split in two: ``fn`` returns a partial
-    result per layer (cheap, e.g. distances), and ``finish([partials of consecutive layers])`` turns several
-    layers' partials into their fields at once (the forward pass batches them up to a memory budget), for work whose
-    cost is in its number of steps rather than their size (Prim's algorithm)."""
+    """``fn(rows) -> {field: tensor [B, H, ...]}``. A reducer with ``finish`` is split in two: ``fn`` returns a
+    partial result per layer (cheap, e.g. distances; every field ``[B, H, ...]``), and ``finish([partials of
+    consecutive layers])`` turns several layers' partials into their fields at once (the forward pass batches them up
+    to a memory budget), for work whose cost is in its number of steps rather than their size (Prim's algorithm)."""
 
     fn: Callable
     version: int
@@ -81,9 +130,15 @@ def versions(names) -> dict[str, int]:
     return {name: REDUCERS[name].version for name in names}
 
 
+def _keys(rows: Rows):
+    import torch
+
+    return torch.arange(rows.probs.shape[-1], device=rows.probs.device)
+
+
 @reducer("lookback", version=2)
 def lookback(rows: Rows) -> dict:
-    """Lookback ratio of every head at every response step (Lookback Lens, section 2.1): ``ratio [H, R]``.
+    """Lookback ratio of every head at every response step (Lookback Lens, section 2.1): ``ratio [B, H, R]``.
 
     Step ``i`` is the decoding step that generates response token ``y_i``; its query is the token before ``y_i``
     (the last prompt token for ``y_0``), as in the reference implementation (``step01_extract_attns.py``: the
@@ -99,60 +154,78 @@ def lookback(rows: Rows) -> dict:
     import torch
 
     w = rows.steps()
-    n_ctx = rows.n_prompt - max(rows.n_header, 1)
-    queries = torch.arange(rows.n_prompt - 1, rows.n_prompt - 1 + w.shape[1], device=w.device)
-    on_context = w[..., :n_ctx].sum(-1) / n_ctx if n_ctx > 0 else torch.zeros(w.shape[:2], device=w.device)
-    on_new = w[..., max(n_ctx, 0):].sum(-1) / (queries - n_ctx + 1).to(w.dtype)
+    n_prompt = rows.tensor("n_prompt")
+    n_ctx = n_prompt - rows.tensor("n_header").clamp(min=1)  # [B]
+    on_ctx_key = (_keys(rows)[None, :] < n_ctx[:, None])[:, None, None, :]  # [B, 1, 1, K]
+    ctx_sum = (w * on_ctx_key).sum(-1)
+    new_sum = (w * ~on_ctx_key).sum(-1)
+    steps = torch.arange(rows.r_max, device=w.device)[None, :]
+    queries = n_prompt[:, None] - 1 + steps  # [B, R]
+    on_context = torch.where(n_ctx[:, None, None] > 0, ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(w.dtype),
+                             torch.zeros_like(ctx_sum))
+    on_new = new_sum / (queries - n_ctx[:, None] + 1).to(w.dtype)[:, None, :]
     total = on_context + on_new
     return {"ratio": torch.where(total > 0, on_context / total.clamp_min(1e-30), torch.full_like(total, 0.5))}
 
 
 @reducer("diag", version=1)
 def diag(rows: Rows) -> dict:
-    """Attention of each response token on itself, ``w [H, R]`` (the diagonal of LLM-Check's attention score,
+    """Attention of each response token on itself, ``w [B, H, R]`` (the diagonal of LLM-Check's attention score,
     Sriramanan et al. 2024)."""
-    import torch
-
-    w = rows.response()
-    r = torch.arange(w.shape[1], device=w.device)
-    return {"w": w[:, r, rows.n_prompt + r]}
+    return {"w": rows.response_keys(rows.response(), diagonal=True)}
 
 
 @reducer("sink", version=1)
 def sink(rows: Rows) -> dict:
-    """Attention of each response token on the first token of the input (the attention sink), ``w [H, R]``."""
+    """Attention of each response token on the first token of the input (the attention sink), ``w [B, H, R]``."""
     return {"w": rows.response()[..., 0]}
 
 
-def _prim(dist, key):
-    """Dense Prim's algorithm vectorised over heads, grown from a root already in the tree: ``dist [H, N, N]``
-    symmetric distances between the other nodes, ``key [H, N]`` their distances to the root. Returns the weight of
-    the edge by which each node joins the tree, ``[H, N]``."""
+def _prim(dist, key, blocked):
+    """Dense Prim's algorithm vectorised over trees (the heads of every sample), grown from a root already in the
+    tree: ``dist [T, N, N]`` symmetric distances between the other nodes, ``key [T, N]`` their distances to the
+    root, ``blocked [T, N]`` 0 for the nodes of each tree and ``inf`` for padding (a tree with fewer nodes). Returns
+    the weight of the edge by which each node joins its tree, ``[T, N]`` (0 for padding).
+
+    Once a tree holds all its nodes, its remaining steps pick a node already in it and write that node's weight
+    again: ``key`` no longer changes there, so the result is the same."""
     import torch
 
-    n_heads, n = key.shape
-    heads = torch.arange(n_heads, device=key.device)
+    n_trees, n = key.shape
+    trees = torch.arange(n_trees, device=key.device)
+    padding = torch.isinf(blocked)
     key = key.clone()
-    blocked = torch.zeros_like(key)
-    weights = torch.empty_like(key)
+    blocked = blocked.clone()
+    weights = torch.zeros_like(key)
     for _ in range(n):
         j = torch.argmin(key + blocked, dim=1)
-        weights[heads, j] = key[heads, j]
-        blocked[heads, j] = float("inf")
-        key = torch.minimum(key, dist[heads, j] + blocked)
-    return weights
+        weights[trees, j] = key[trees, j]
+        blocked[trees, j] = float("inf")
+        key = torch.minimum(key, dist[trees, j] + blocked)
+    return weights.masked_fill(padding, 0.0)
 
 
 def _distance(w):
     return 1.0 - w.clamp(0.0, 1.0)
 
 
-def _mtopdiv_finish(partials: list[dict]) -> dict:
-    """Prim's algorithm once for the heads of several layers (their root and pairwise distances)."""
+def _padding(valid, heads: int):
+    """``[B, H, N]``: 0 where ``valid [B, N]``, ``inf`` elsewhere (Prim's ``blocked``)."""
     import torch
 
-    weights = _prim(torch.cat([p["dist"] for p in partials]), torch.cat([p["key"] for p in partials]))
-    return {"d": weights.sum(-1) / weights.shape[1], "token_weights": weights}
+    inf = torch.full(valid.shape, float("inf"), device=valid.device)
+    return torch.where(valid, torch.zeros_like(inf), inf)[:, None, :].expand(-1, heads, -1)
+
+
+def _mtopdiv_finish(partials: list[dict]) -> dict:
+    """Prim's algorithm once for the heads of several layers of every sample (their root and pairwise distances)."""
+    import torch
+
+    dist, key, blocked = (torch.cat([p[name] for p in partials], dim=1) for name in ("dist", "key", "blocked"))
+    b, h, n = key.shape
+    weights = _prim(dist.reshape(b * h, n, n), key.reshape(b * h, n), blocked.reshape(b * h, n)).reshape(b, h, n)
+    size = torch.isfinite(blocked).sum(-1).clamp(min=1).to(weights.dtype)
+    return {"d": weights.sum(-1) / size, "token_weights": weights}
 
 
 @reducer("mtopdiv", version=1, finish=_mtopdiv_finish)
@@ -160,24 +233,34 @@ def mtopdiv(rows: Rows) -> dict:
     """MTop-Div_G(R, P) of every head (TOHA, Prop. 3.1 and eq. 3): the weight of the minimum spanning forest that
     attaches the response tokens to the prompt, with the prompt contracted to one root (distance ``1 - max_p w_rp``,
     since a prompt token never attends to a response token) and response-response distances ``1 - max(w_ab,
-    w_ba)``. ``d [H]`` = MTop-Div / |R| and ``token_weights [H, R]``, the forest edge by which each response token
-    is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
-    distances are computed; Prim's algorithm runs on the heads of several layers at once (:func:`_mtopdiv_finish`).
+    w_ba)``. ``d [B, H]`` = MTop-Div / |R| and ``token_weights [B, H, R]``, the forest edge by which each response
+    token is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
+    distances are computed; Prim's algorithm runs on the heads of several layers of all samples at once
+    (:func:`_mtopdiv_finish`).
     """
     w = rows.response()
-    block = w[..., rows.n_prompt:]
-    return {"key": _distance(w[..., :rows.n_prompt].amax(-1)), "dist": _distance(block.maximum(block.transpose(1, 2)))}
+    on_prompt = (_keys(rows)[None, :] < rows.tensor("n_prompt")[:, None])[:, None, None, :]
+    block = rows.response_keys(w)
+    return {"key": _distance((w * on_prompt).amax(-1)), "dist": _distance(block.maximum(block.transpose(2, 3))),
+            "blocked": _padding(rows.valid(), w.shape[1])}
 
 
 @reducer("mst", version=1, needs_all_rows=True)
 def mst(rows: Rows) -> dict:
     """Length of the minimum spanning tree of the complete attention graph (prompt-prompt distances kept), over
-    |R|: TOHA's ablation (section 4.4, Table 4), ``d [H]``. Needs the rows of every token."""
-    if rows.row_start != 0:
+    |R|: TOHA's ablation (section 4.4, Table 4), ``d [B, H]``. Needs the rows of every token."""
+    import torch
+
+    if any(rows.row_start):
         raise ValueError("the 'mst' reducer needs attention rows of every token (attention_from='all')")
     w = rows.probs
-    if w.shape[-1] == 1:
-        return {"d": w.new_zeros(w.shape[0])}
-    sym = w.maximum(w.transpose(1, 2))
-    weights = _prim(_distance(sym[:, 1:, 1:]), _distance(sym[:, 0, 1:]))
-    return {"d": weights.sum(-1) / rows.n_response}
+    b, h, q, k = w.shape
+    n = min(q, k)
+    if n == 1:
+        return {"d": w.new_zeros(b, h)}
+    sym = w[:, :, :n, :n].maximum(w[:, :, :n, :n].transpose(2, 3))
+    valid = torch.arange(n - 1, device=w.device)[None, :] < (rows.tensor("length") - 1)[:, None]  # nodes 1 .. n-1
+    weights = _prim(_distance(sym[:, :, 1:, 1:]).reshape(b * h, n - 1, n - 1),
+                    _distance(sym[:, :, 0, 1:]).reshape(b * h, n - 1),
+                    _padding(valid, h).reshape(b * h, n - 1)).reshape(b, h, n - 1)
+    return {"d": weights.sum(-1) / rows.tensor("n_response")[:, None].to(weights.dtype)}

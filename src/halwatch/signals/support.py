@@ -10,6 +10,8 @@ n-gram it closes, in the source); halwatch's fused detector uses them beside the
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from halwatch.tokens import words
@@ -42,8 +44,11 @@ def _norm_number(word: str) -> str:
     return word.replace(",", "")
 
 
+_DIGIT = re.compile(r"\d")
+
+
 def _is_number(word: str) -> bool:
-    return any(c.isdigit() for c in word)
+    return _DIGIT.search(word) is not None
 
 
 def word_flags(context: str, response: str) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -69,21 +74,32 @@ def word_flags(context: str, response: str) -> tuple[list[tuple[int, int]], np.n
     return [(start, end) for _, start, end in found], flags
 
 
+def features(context: str, response: str, offsets) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`token_features` and :func:`answer_features` of one answer, reading the two texts once."""
+    spans, flags = word_flags(context, response)
+    return _token_features(spans, flags, offsets), _answer_features(flags)
+
+
 def token_features(context: str, response: str, offsets) -> np.ndarray:
     """``[R, len(TOKEN_FEATURES)]``: per response token (character ``offsets`` into the response), the flags of the
     words it overlaps (their maximum; 0 for a token of white space or punctuation alone)."""
-    spans, flags = word_flags(context, response)
+    return _token_features(*word_flags(context, response), offsets)
+
+
+def _token_features(spans, flags: np.ndarray, offsets) -> np.ndarray:
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     out = np.zeros((len(offsets), len(TOKEN_FEATURES)), dtype=np.float32)
-    if not spans:
+    if not spans or not len(offsets):
         return out
     starts = np.array([s for s, _ in spans])
     ends = np.array([e for _, e in spans])
-    for i, (a, b) in enumerate(offsets):
-        if b <= a:
-            continue
-        hit = (starts < b) & (a < ends)
-        if hit.any():
-            out[i] = flags[hit].max(0)
+    # words are disjoint and in order: a token overlaps the words first .. last (none when first > last)
+    first = np.searchsorted(ends, offsets[:, 0], side="right")
+    last = np.searchsorted(starts, offsets[:, 1], side="left") - 1
+    hit = (first <= last) & (offsets[:, 1] > offsets[:, 0])
+    out[hit] = flags[first[hit]]
+    for i in np.flatnonzero(hit & (last > first)):  # a token over several words: the maximum of their flags
+        out[i] = flags[first[i]:last[i] + 1].max(0)
     return out
 
 
@@ -91,7 +107,10 @@ def answer_features(context: str, response: str) -> np.ndarray:
     """:data:`ANSWER_FEATURES` of one answer: shares of unsupported content words, bigrams and trigrams, the
     (log) counts of unsupported numbers and names and the longest run of unsupported content words, and whether
     there is any unsupported number or name."""
-    _, flags = word_flags(context, response)
+    return _answer_features(word_flags(context, response)[1])
+
+
+def _answer_features(flags: np.ndarray) -> np.ndarray:
     if not len(flags):
         return np.zeros(len(ANSWER_FEATURES), dtype=np.float32)
     content = flags[:, 5] > 0
