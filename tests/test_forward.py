@@ -98,6 +98,47 @@ def test_batched_equals_one_at_a_time(smol, probe):
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
 
 
+def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe):
+    """One batch of four answers of different prompt and response lengths, every signal of the white-box pass
+    computed for all of them at once, against each answer's own eager attention maps and hidden states (unpadded,
+    one at a time) and the NumPy references written from the papers' formulas."""
+    from halwatch.signals.lookback import lookback_ratios
+    from halwatch.signals.topology import mst_length
+
+    scorer = Scorer(model=smol, max_tokens=300, cache=None, batch_size=4)
+    samples = [probe[0], probe[2], probe[-1], min(probe, key=lambda s: len(s.response))]
+    views = [scorer.encode(s) for s in samples]
+    assert len({v.n_prompt for v in views}) > 1 and len({v.n_response for v in views}) > 1
+    heads = ((0, 3), (17, 2), (29, 8))
+    req = SignalRequest(token_stats=True, hidden_layers=(15, 30), hidden_pool="mean_last", token_hidden_layers=(15,),
+                        heads=heads, reducers=("diag", "lookback", "mtopdiv", "sink"))
+    every_row = SignalRequest(heads=heads, reducers=("mst",), attention_from="all", keep_attention=True)
+    signals = scorer.signals(samples, req, views=views)
+    rows = scorer.signals(samples, every_row, views=views)
+    for view, sig, all_rows in zip(views, signals, rows):
+        ref = _eager(smol, view)
+        p, n = view.n_prompt, len(view.input_ids)
+        full = np.stack([ref.attentions[layer][0, head].numpy() for layer, head in heads]).astype(np.float64)
+        r = np.arange(n - p)
+        np.testing.assert_allclose(sig.reduced["lookback.ratio"], lookback_ratios(full[:, p - 1 : n - 1], p,
+                                                                                   view.n_header), atol=1e-5)
+        topo = mtopdiv(full[:, p:], p)
+        np.testing.assert_allclose(sig.reduced["mtopdiv.d"], topo.d, atol=1e-5)
+        np.testing.assert_allclose(sig.reduced["mtopdiv.token_weights"], topo.token_weights, atol=1e-5)
+        np.testing.assert_allclose(sig.reduced["diag.w"], full[:, p + r, p + r], atol=1e-5)
+        np.testing.assert_allclose(sig.reduced["sink.w"], full[:, p:, 0], atol=1e-5)
+        np.testing.assert_allclose(all_rows.attention, full, atol=2e-5)
+        np.testing.assert_allclose(all_rows.reduced["mst.d"], mst_length(full, p).d, atol=1e-5)
+        logp = torch.log_softmax(ref.logits[0, p - 1 : -1].float(), -1)
+        np.testing.assert_allclose(sig.logprobs, logp.gather(1, torch.tensor(view.input_ids[p:])[:, None])[:, 0],
+                                   atol=1e-4)
+        np.testing.assert_allclose(sig.entropy, (-(logp.exp() * logp).sum(-1)).numpy(), atol=1e-4)
+        for j, layer in enumerate((15, 30)):
+            states = ref.hidden_states[layer][0, p:].numpy()
+            np.testing.assert_allclose(sig.hidden[j], np.stack([states.mean(0), states[-1]]), atol=1e-3)
+        np.testing.assert_allclose(sig.token_hidden[0], ref.hidden_states[15][0, p:].numpy(), rtol=2e-3, atol=2e-2)
+
+
 def test_bad_requests_are_refused(smol):
     scorer = Scorer(model=smol, cache=None)
     with pytest.raises(ValueError, match="30 layers x 9 heads"):

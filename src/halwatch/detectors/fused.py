@@ -151,7 +151,7 @@ class Fused(Detector):
 
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
         if model.get("kind") == "bigru":
-            return [_sigmoid(z) for z in sequence.logodds(model, x)]
+            return [_sigmoid(z) for z in sequence.logodds(model, x, self._scorer().model.device)]
         return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
 
     def _pooled(self, probs: list[np.ndarray]) -> np.ndarray:

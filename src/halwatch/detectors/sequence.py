@@ -92,19 +92,39 @@ def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: 
             "state": {k: pack(v.detach().numpy()) for k, v in net.state_dict().items()}}
 
 
-def logodds(model: dict, x: list[np.ndarray]) -> list[np.ndarray]:
-    """Per answer of ``x``, the log-odds of every token."""
+#: The networks of the token models in use, by the identity of their weights (the weights are held too, so that an
+#: identity is never reused while its entry lives): built once, not at every call.
+_NETS: dict[int, tuple] = {}
+
+
+def _loaded(model: dict, device="cpu"):
+    """``(network, mean, std)`` of a fitted token model, in evaluation mode, on ``device``."""
     import torch
 
-    net = _module(model["n_in"], model["hidden"])
-    net.load_state_dict({k: torch.tensor(unpack(v), dtype=torch.float32) for k, v in model["state"].items()})
-    net.eval()
-    mean, std = unpack(model["mean"]).astype(np.float32), unpack(model["std"]).astype(np.float32)
+    key = (id(model["state"]), str(device))
+    entry = _NETS.get(key)
+    if entry is None or entry[0] is not model["state"]:
+        net = _module(model["n_in"], model["hidden"])
+        net.load_state_dict({k: torch.tensor(unpack(v), dtype=torch.float32) for k, v in model["state"].items()})
+        net.to(device).eval()
+        mean, std = unpack(model["mean"]).astype(np.float32), unpack(model["std"]).astype(np.float32)
+        if len(_NETS) >= 8:
+            _NETS.clear()
+        entry = _NETS[key] = (model["state"], net, mean, std)
+    return entry[1:]
+
+
+def logodds(model: dict, x: list[np.ndarray], device="cpu") -> list[np.ndarray]:
+    """Per answer of ``x``, the log-odds of every token; the network runs on ``device`` (the scoring model's: on a
+    GPU a batch of answers costs about one CPU answer)."""
+    import torch
+
+    net, mean, std = _loaded(model, device)
     out = []
     with torch.no_grad():
         for start in range(0, len(x), BATCH):
             rows = list(range(start, min(start + BATCH, len(x))))
             batch, lengths = _batch(x, mean, std, rows)
-            z = net(batch, lengths).numpy().astype(float)
+            z = net(batch.to(device), lengths).cpu().numpy().astype(float)
             out += [z[k, :lengths[k]] for k in range(len(rows))]
     return out

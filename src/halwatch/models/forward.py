@@ -204,8 +204,11 @@ class Signals:
 
     def head_values(self, name: str, heads) -> np.ndarray:
         """Reducer output ``name`` for the given heads, in their order."""
+        heads = tuple(tuple(h) for h in heads)
+        if heads == self.heads:  # every captured head, in order (the white-box pass)
+            return self.reduced[name]
         index = {h: i for i, h in enumerate(self.heads)}
-        return self.reduced[name][[index[tuple(h)] for h in heads]]
+        return self.reduced[name][[index[h] for h in heads]]
 
 
 class _Capture:
@@ -308,11 +311,11 @@ class _Capture:
         for name in self.request.reducers:
             self._finish(name)
             outputs = self.reduced[name]
-            batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float().cpu().numpy()
-                          for k in outputs[0]})
-        kept = None
+            batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float() for k in outputs[0]})
         if self.request.keep_attention:
-            kept = torch.cat([self.kept[layer] for layer in layers], dim=1).cpu().numpy()
+            batch["kept"] = torch.cat([self.kept[layer] for layer in layers], dim=1)
+        batch = to_host(batch)
+        kept = batch.pop("kept", None)
         results = []
         for b, view in enumerate(self.views):
             n_resp, length = view.n_response, self.lengths[b]
@@ -468,6 +471,21 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     return results
 
 
+def to_host(tensors: dict) -> dict:
+    """``{name: numpy array}`` of ``{name: tensor}``: from a GPU through page-locked buffers, all copies queued
+    before one wait (a copy into ordinary memory runs at a fraction of the bus's speed and waits each time)."""
+    import torch
+
+    devices = {t.device.type for t in tensors.values()}
+    if devices != {"cuda"}:
+        return {k: t.cpu().numpy() for k, t in tensors.items()}
+    host = {k: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for k, t in tensors.items()}
+    for k, t in tensors.items():
+        host[k].copy_(t, non_blocking=True)
+    torch.cuda.current_stream(next(iter(tensors.values())).device).synchronize()
+    return {k: t.numpy() for k, t in host.items()}
+
+
 #: Response rows whose next-token distributions are normalised at a time (bounds the float32 logits copy).
 LOGIT_ROWS = 4096
 
@@ -495,8 +513,7 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
             logp = torch.log_softmax(out.logits[sample[part], position[part] - 1 - first_logit].detach().float(), -1)
             logprobs.append(logp.gather(1, target[part, None])[:, 0])
             entropy.append(-(logp.exp() * logp).sum(-1))
-        fields["logprobs"] = np.split(torch.cat(logprobs).cpu().numpy().astype(np.float32), ends)
-        fields["entropy"] = np.split(torch.cat(entropy).cpu().numpy().astype(np.float32), ends)
+        fields["logprobs"], fields["entropy"] = torch.cat(logprobs), torch.cat(entropy)
 
     def response_hidden(i):  # [sum R, d]: every response token's hidden state after layer i
         return out.hidden_states[i][sample, position - offset].detach().float()
@@ -508,15 +525,18 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
             last = torch.tensor(np.cumsum(counts) - 1, device=device)
             rows = [torch.stack([torch.zeros(len(views), r.shape[1], device=device).index_add_(0, sample, r) / size,
                                  r[last]], dim=1) for r in rows]  # [B, 2, d] each
-            fields["hidden"] = list(torch.stack(rows, dim=1).cpu().numpy())
+            fields["pooled"] = torch.stack(rows, dim=1)
         else:
-            fields["hidden"] = [np.ascontiguousarray(part.transpose(1, 0, 2)) for part in
-                                np.split(torch.stack(rows, dim=1).cpu().numpy(), ends)]
+            fields["hidden"] = torch.stack(rows, dim=1)  # [sum R, layers, d]
     if request.token_hidden_layers:
-        rows = torch.stack([response_hidden(i).half() for i in request.token_hidden_layers], dim=1)
-        fields["token_hidden"] = [np.ascontiguousarray(part.transpose(1, 0, 2))
-                                  for part in np.split(rows.cpu().numpy(), ends)]
-    return fields
+        fields["token_hidden"] = torch.stack([response_hidden(i).half() for i in request.token_hidden_layers], dim=1)
+    fields = to_host(fields)
+    out = {name: np.split(fields[name].astype(np.float32), ends) for name in ("logprobs", "entropy") if name in fields}
+    out.update({name: [np.ascontiguousarray(part.transpose(1, 0, 2)) for part in np.split(fields[name], ends)]
+                for name in ("hidden", "token_hidden") if name in fields})
+    if "pooled" in fields:
+        out["hidden"] = list(fields["pooled"])
+    return out
 
 
 

@@ -156,9 +156,10 @@ def lookback(rows: Rows) -> dict:
     w = rows.steps()
     n_prompt = rows.tensor("n_prompt")
     n_ctx = n_prompt - rows.tensor("n_header").clamp(min=1)  # [B]
-    on_ctx_key = (_keys(rows)[None, :] < n_ctx[:, None])[:, None, None, :]  # [B, 1, 1, K]
-    ctx_sum = (w * on_ctx_key).sum(-1)
-    new_sum = (w * ~on_ctx_key).sum(-1)
+    on_ctx_key = _keys(rows)[None, :] < n_ctx[:, None]  # [B, K]
+    # both sums of every row in one product with [context key, new key] indicator columns: one pass, no copies
+    sums = torch.matmul(w, torch.stack([on_ctx_key, ~on_ctx_key], dim=-1).to(w.dtype)[:, None])  # [B, H, R, 2]
+    ctx_sum, new_sum = sums[..., 0], sums[..., 1]
     steps = torch.arange(rows.r_max, device=w.device)[None, :]
     queries = n_prompt[:, None] - 1 + steps  # [B, R]
     on_context = torch.where(n_ctx[:, None, None] > 0, ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(w.dtype),
