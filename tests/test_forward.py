@@ -170,7 +170,7 @@ def test_pooled_hidden_states_and_diag_reducer(smol, probe):
 def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
     """`halwatch bench speed --parts split`: the forward clock counts the time of each forward pass of the scoring
     path (one per batch), and the split adds up: inside + outside = the whole path."""
-    from halwatch.eval.speed import ForwardClock, _default_detector, forward_split
+    from halwatch.eval.speed import ForwardClock, _default_detector, batched_rate, forward_split
 
     detector = _default_detector(smol)
     answers = [Sample(prompt="Q: Which city is the capital of France?\nAnswer:", response=r, id=str(i))
@@ -191,3 +191,9 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
     for r in rows:
         assert r["answers"] == 3 and r["inside_s"] > 0 and r["outside_s"] > 0 and r["plain_forward_s"] > 0
         assert r["inside_s"] + r["outside_s"] == pytest.approx(r["total_s"])
+    # --parts batched: the whole path in the scorer's own batches against a plain forward of the same batches
+    lines = []
+    row = batched_rate(detector, repeats=1, out=lines.append, samples=answers)
+    assert row["answers"] == 3 and row["batches"] == 1 and row["answers_per_s"] > 0
+    assert row["ratio"] == pytest.approx(row["answers_per_s"] / row["plain_forward_answers_per_s"])
+    assert "answers/s" in lines[-1] and "in 1 batches" in lines[-1]

@@ -424,7 +424,7 @@ def cmd_generate(args) -> int:
 
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
-BENCH_PARTS = {"speed": ("lengths", "split"), "serve": ("throughput", "overload", "drain", "stream")}
+BENCH_PARTS = {"speed": ("lengths", "split", "batched"), "serve": ("throughput", "overload", "drain", "stream")}
 BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration")
 
 
@@ -444,8 +444,8 @@ def cmd_bench(args) -> int:
         from halwatch.eval.speed import run_speed
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
-                  device=args.device, dtype=args.dtype, parts=args.parts or BENCH_PARTS["speed"],
-                  batches=args.batches)
+                  device=args.device, dtype=args.dtype, parts=args.parts or ("lengths", "split"),
+                  batches=args.batches, batched_answers=args.answers)
         return 0
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
@@ -572,13 +572,18 @@ def _add_bench_parser(sub) -> None:
                                        "forward",
                          description="Times the scoring model's forward, the signal capture and the default detector "
                                      "per sequence length (lengths), and per answer the time inside and outside the "
-                                     "model's forward for batches of RAGTruth answers (split).")
+                                     "model's forward for batches of RAGTruth answers (split), and answers/s of "
+                                     "the whole scoring path in its own batches against a plain forward of the same "
+                                     "batches (batched).")
     s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
-    s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"], help="what to measure (default all)")
+    s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"],
+                   help="what to measure (default lengths split; batched is the GPU measure)")
     s.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="lengths: sequence lengths")
     s.add_argument("--repeats", type=int, default=3, help="timed repeats per setting (median reported; default 3)")
     s.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
                    help="split: batch sizes (default 1 8 32; 32 answers)")
+    s.add_argument("--answers", type=int, default=None,
+                   help="batched: RAGTruth test answers to score (default all 450; a seeded sample when fewer)")
     add_device_options(s)
 
     rel = kinds.add_parser("relevance", help="the LRP4RAG relevance pass against one forward + backward pass",

@@ -218,9 +218,50 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     return rows
 
 
+def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0, out=print, samples=None) -> dict:
+    """Answers per second of the detector's whole scoring path over ``n`` RAGTruth test answers (a seeded sample;
+    all of them with ``None``) in the scorer's own batches (``--batch-size auto``: sorted by length, as many as fit
+    its token budget), against a plain forward of the same padded batches (the model's SDPA forward, one logit per
+    answer: what the GPU could do). The median of ``repeats`` runs after a warm-up. Issue 35's GPU target: at
+    least 500 answers/s on one H100 and at least half the plain forward's rate."""
+    import random
+
+    import torch
+
+    from halwatch.data.ragtruth import read_ragtruth
+    from halwatch.models.forward import padded
+
+    scorer = detector._scorer()
+    sm = scorer.model
+    if samples is None:
+        pool = read_ragtruth(split="test")
+        samples = random.Random(seed).sample(pool, min(n or len(pool), len(pool)))
+    samples = sorted(samples, key=lambda s: len(scorer.encode(s).input_ids))
+    scorer.batch_size = None
+    throughput(detector, samples[:8], None)  # warm-up
+    whole = sorted(throughput(detector, samples, None) for _ in range(repeats))[repeats // 2]
+    views = [scorer.encode(s) for s in samples]
+    batches = scorer.batches([len(v.input_ids) for v in views])
+
+    def plain():
+        with torch.inference_mode():
+            for batch in batches:
+                ids, mask = padded([views[i] for i in batch], sm.tokenizer.pad_token_id or 0)
+                sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
+                         use_cache=False)
+
+    forward_rate = len(samples) / _timed(plain, repeats)
+    row = {"answers": len(samples), "batches": len(batches), "answers_per_s": whole,
+           "plain_forward_answers_per_s": forward_rate, "ratio": whole / forward_rate}
+    out(f"\n{detector.name} on {len(samples)} RAGTruth test answers in {len(batches)} batches (--batch-size auto; "
+        f"{sm.device}, {sm.dtype}): {whole:.1f} answers/s; a plain forward of the same batches: {forward_rate:.1f} "
+        f"answers/s; whole path / plain forward: {row['ratio']:.2f}")
+    return row
+
+
 def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print,
               device: str = "auto", dtype: str = "auto", answers: int = 32, parts=("lengths", "split"),
-              batches=(1, 8, 32)) -> dict:
+              batches=(1, 8, 32), batched_answers: int | None = None) -> dict:
     import logging
 
     import torch
@@ -237,8 +278,13 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         where += f", {torch.cuda.get_device_name(shared.device)}"
     if "lengths" not in parts:
         out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads)")
-        return {"model": model, "device": where, "split": forward_split(_default_detector(shared), answers, batches,
-                                                                        out=out)}
+        results = {"model": model, "device": where}
+        default = _default_detector(shared)
+        if "split" in parts:
+            results["split"] = forward_split(default, answers, batches, out=out)
+        if "batched" in parts:
+            results["batched"] = batched_rate(default, batched_answers, repeats, out=out)
+        return results
     t_import, t_first, t_again = _load_seconds(model)
     out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
         f"{t_import:.2f} s; load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
@@ -306,6 +352,8 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
             f"time, {rates['batched']:.2f} answers/s in batches of similar length (--batch-size auto)")
     if "split" in parts:
         results["split"] = forward_split(default, answers, batches, out=out)
+    if "batched" in parts:
+        results["batched"] = batched_rate(default, batched_answers, repeats, out=out)
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
         f"after the eager runs: {_peak_rss_mb():.0f} MB")
     if shared.device.type == "cuda":

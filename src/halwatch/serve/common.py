@@ -20,6 +20,7 @@ pydantic + uvicorn stack with
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import logging
 import math
@@ -488,7 +489,16 @@ class Worker:
         self.capacity, self.deadline = capacity, deadline
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="halwatch-model")
         self.queued = 0
-        self.rate: float | None = None  # seconds per unit of cost, measured
+        self.recent: collections.deque = collections.deque(maxlen=self.RECENT)  # seconds per unit, measured
+
+    #: How many finished batches the estimate reads: the slowest of them per unit of cost, so that one slow batch
+    #: (a busy CPU, a long answer) is never averaged away into admitting work that then times out.
+    RECENT = 8
+
+    @property
+    def rate(self) -> float | None:
+        """Seconds per unit of cost: the slowest of the last :data:`RECENT` finished batches (``None`` before)."""
+        return max(self.recent) if self.recent else None
 
     def wait(self, cost: int = 0) -> float | None:
         """Estimated seconds until ``cost`` more units admitted now would be done (``None`` before any measure)."""
@@ -527,8 +537,7 @@ class Worker:
     def measured(self, cost: int, seconds: float) -> None:
         """Fold the time of finished work of ``cost`` units into the seconds-per-unit estimate."""
         if cost > 0:
-            now = seconds / cost
-            self.rate = now if self.rate is None else 0.7 * self.rate + 0.3 * now
+            self.recent.append(seconds / cost)
 
     async def run(self, fn, *args):
         """``fn(*args)`` on the model thread; its result."""
