@@ -86,9 +86,16 @@ def test_capture_and_reducers_equal_the_references(tiny, probe):
     np.testing.assert_allclose(sig.reduced["sink.w"], full[:, p:, 0], atol=1e-5)
 
 
-def test_every_detector_fits_and_scores(tiny, probe, tmp_path):
+#: the architectures every detector is fitted on (the others of ARCHITECTURES differ from these in their attention,
+#: which the other tests here check, and every causal LM fits and scores Lookback Lens in the test after this one)
+EVERY_DETECTOR_ON = ("gemma2", "gpt_neox", "llama", "qwen2")
+
+
+@pytest.mark.parametrize("arch", EVERY_DETECTOR_ON)
+def test_every_detector_fits_and_scores(arch, smol, probe, tmp_path):
     """Every detector of halwatch fits on the 5 + 5 shortest probe answers scored by this architecture and scores
     held-out ones (the sampling baselines with two short samples each)."""
+    tiny = tiny_model(arch, smol.tokenizer)
     by_length = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
     train = [s for s in by_length if s.label][:5] + [s for s in by_length if not s.label][:5]
     held_out = [s for s in by_length if s not in train][:3]
@@ -153,3 +160,37 @@ def test_batched_signals_equal_one_at_a_time(tiny, probe):
         for name in ("mean", "response") if relevance else ():
             assert np.all(np.isfinite(b.relevance[name]))
             np.testing.assert_allclose(b.relevance[name], a.relevance[name], atol=1e-4, rtol=1e-3)
+
+
+def test_every_causal_lm_of_transformers_works_or_is_refused_by_name(smol, probe):
+    """Every causal-LM architecture of the installed transformers, as a tiny random model built from its own config
+    (:mod:`halwatch.eval.architectures`): either its captured attention rows of a probe answer equal transformers' own
+    eager maps (2e-5) and Lookback Lens fits and scores, or halwatch refuses it in one line naming it. Never a
+    traceback. Architectures transformers itself cannot build or run with small sizes are counted apart."""
+    from halwatch.eval.architectures import build, causal_lm_types, outcome
+
+    by_length = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    train = [s for s in by_length if s.label][:3] + [s for s in by_length if not s.label][:3]
+    held_out = [s for s in by_length if s not in train][:3]
+    seen = {"works": [], "refused": [], "not built": []}
+    for model_type in causal_lm_types():
+        model = build(model_type, smol.tokenizer)
+        if isinstance(model, str):
+            seen["not built"].append(model_type)
+            continue
+        result, why = outcome(model, train, held_out)
+        seen[result].append(model_type)
+        if result == "refused":
+            assert "\n" not in why and f"model_type '{model_type}'" in why and type(model.model).__name__ in why
+            continue
+        heads = model.all_heads()
+        scorer = Scorer(model=model, max_tokens=300, cache=None)
+        view = scorer.encode(held_out[0])
+        maps = _eager_maps(model, view)
+        rows = scorer.signals(held_out[:1], SignalRequest(heads=heads, attention_from="all", keep_attention=True))[0]
+        np.testing.assert_allclose(rows.attention, np.stack([maps[layer][head] for layer, head in heads]), atol=2e-5,
+                                   err_msg=model_type)
+    assert {"llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "olmo2"} <= set(seen["works"])
+    # bidirectional encoders, attention sinks, attention outside transformers' interface: refused, not scored wrong
+    assert {"bert", "roberta", "gpt_oss", "bloom", "mamba"} <= set(seen["refused"])
+    assert len(seen["works"]) >= 60, seen

@@ -425,7 +425,7 @@ def cmd_generate(args) -> int:
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
 BENCH_PARTS = {"speed": ("lengths", "split", "batched"), "serve": ("throughput", "overload", "drain", "stream")}
-BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration")
+BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "architectures")
 
 
 def _bench_default_kind(argv: list[str]) -> list[str]:
@@ -466,6 +466,11 @@ def cmd_bench(args) -> int:
         run_calibration_check(detector=args.detector, datasets=args.datasets, split=args.eval_split,
                               target_fpr=args.target_fpr, seeds=args.seeds, out=args.out_file,
                               scorer_options={"device": args.device, "dtype": args.dtype})
+        return 0
+    if args.what == "architectures":
+        from halwatch.eval.architectures import survey
+
+        survey(model_types=args.types)
         return 0
     if args.what == "relevance":
         from halwatch.eval.speed import run_relevance_speed
@@ -585,6 +590,15 @@ def _add_bench_parser(sub) -> None:
     s.add_argument("--answers", type=int, default=None,
                    help="batched: RAGTruth test answers to score (default all 450; a seeded sample when fewer)")
     add_device_options(s)
+
+    arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "
+                                                  "refused by name, or not built",
+                            description="Builds a tiny random-weight model of every causal-LM architecture of the "
+                                        "installed transformers (nothing downloaded) and prints what halwatch does "
+                                        "with it: works (the capture passes its check against the model's eager "
+                                        "attention and Lookback Lens fits and scores), refused in one line naming "
+                                        "it, or not built from a small config.")
+    arch.add_argument("--types", nargs="+", default=None, help="only these model types (default all)")
 
     rel = kinds.add_parser("relevance", help="the LRP4RAG relevance pass against one forward + backward pass",
                            description="Times the LRP4RAG relevance pass on a real RAGTruth prompt against one "

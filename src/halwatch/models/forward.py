@@ -363,10 +363,83 @@ def install(model) -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
     if not getattr(model, "_supports_attention_backend", False):
         raise ModelError(f"{architecture(model)}: halwatch cannot capture this architecture's attention (it does not "
-                         f"run attention through transformers' attention interface), so detectors that read "
-                         f"attention or relevance cannot use it; those that read token statistics or hidden states "
-                         f"(perplexity, entropy, linear-probe, length) can")
+                         f"run attention through transformers' attention interface){_OTHERS}")
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    check_capture(model)
+
+
+_OTHERS = (", so detectors that read attention or relevance cannot use it; those that read token statistics or hidden "
+           "states (perplexity, entropy, linear-probe, length) can")
+#: The length of the input on which the capture is checked against the model's own eager attention.
+CHECK_TOKENS = 24
+
+
+def check_capture(model) -> None:
+    """Once per model: the rows the capture computes for every head, on a short input, equal the attention maps of
+    the model's own eager attention (transformers' ``output_attentions``), within 1e-4 (1e-2 for 16-bit weights).
+    An architecture whose attention the capture does not reproduce (a bidirectional encoder, attention sinks, a
+    layout the capture does not know), or that cannot be checked, is refused here in one line naming it, rather
+    than scored with wrong maps. The verdict is kept on the model."""
+    verdict = getattr(model, "_halwatch_capture_check", None)
+    if verdict is None:
+        try:
+            verdict = _capture_mismatch(model)
+        except ModelError as exc:
+            verdict = str(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure of the check refuses the architecture, by name
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            verdict = (f"{architecture(model)}: halwatch cannot check its capture of this architecture's attention "
+                       f"against the model's eager attention ({type(exc).__name__}: {first}){_OTHERS}")
+        model._halwatch_capture_check = verdict or ""
+    if verdict:
+        raise ModelError(verdict)
+
+
+def _capture_mismatch(model) -> str | None:
+    """The refusal when the captured rows differ from eager attention maps on a short input, else ``None``."""
+    import torch
+
+    config = model.config.get_text_config()
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = [(7 + 31 * i) % vocab for i in range(CHECK_TOKENS)]
+    heads = tuple((layer, head) for layer in range(config.num_hidden_layers)
+                  for head in range(config.num_attention_heads))
+    view = TokenView(sample=None, input_ids=ids, n_prompt=CHECK_TOKENS // 2, offsets=[], input_mode="raw")
+    capture = _Capture(SignalRequest(heads=heads, attention_from="all", keep_attention=True), [view])
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        token = _ACTIVE.set(capture)
+        try:
+            model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
+        finally:
+            _ACTIVE.reset(token)
+        _check_seen(capture, model)
+        rows = capture.assemble()[0][0]
+        model.set_attn_implementation("eager")
+        try:
+            maps = model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1,
+                         output_attentions=True).attentions
+        finally:
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if not maps or any(maps[layer] is None for layer, _ in heads):
+        return (f"{architecture(model)}: halwatch cannot check its capture of this architecture's attention (the "
+                f"model returns no eager attention maps){_OTHERS}")
+    tolerance = 1e-2 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-4
+    for k, (layer, head) in enumerate(heads):
+        diff = float(np.abs(rows[k] - maps[layer][0, head].float().cpu().numpy()).max())
+        if not diff <= tolerance:
+            return (f"{architecture(model)}: halwatch's capture differs from this architecture's own eager attention "
+                    f"(by {diff:.3g} at layer {layer}, head {head}){_OTHERS}")
+    return None
+
+
+def _check_seen(capture: _Capture, model) -> None:
+    """Refuse an architecture whose attention modules did not all reach the capture."""
+    if capture.seen != set(capture.by_layer):
+        missing = sorted(set(capture.by_layer) - capture.seen)
+        raise ModelError(f"{architecture(model)}: the attention of layer(s) {missing} was not captured (its "
+                         f"attention modules do not name their layer): halwatch cannot read this architecture's "
+                         f"attention")
 
 
 def crop_cache(cache, length: int) -> None:
@@ -439,11 +512,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             _ACTIVE.reset(token)
             if cache is not None:
                 crop_cache(cache, offset)
-        if capture is not None and capture.seen != set(capture.by_layer):
-            missing = sorted(set(capture.by_layer) - capture.seen)
-            raise ModelError(f"{architecture(model)}: the attention of layer(s) {missing} was not captured (its "
-                             f"attention modules do not name their layer): halwatch cannot read this architecture's "
-                             f"attention")
+        if capture is not None:
+            _check_seen(capture, model)
         if rel is not None:
             values, index = lrp.targets(out.logits, views, longest - keep, rel.target)
             by_seed = lrp.backward_relevance(embeds, values, views, rel.rows)

@@ -88,11 +88,12 @@ class ScoringModel:
 
     @property
     def n_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
+        """Layers of the language model (the text part of a composite config, as in Fuyu's)."""
+        return int(self.model.config.get_text_config().num_hidden_layers)
 
     @property
     def n_heads(self) -> int:
-        return int(self.model.config.num_attention_heads)
+        return int(self.model.config.get_text_config().num_attention_heads)
 
     def all_heads(self) -> tuple[tuple[int, int], ...]:
         return tuple((layer, head) for layer in range(self.n_layers) for head in range(self.n_heads))
