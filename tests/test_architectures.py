@@ -142,10 +142,13 @@ def test_an_architecture_without_capturable_attention_is_refused_by_name(smol, p
     assert forward.architecture(model) == "BloomForCausalLM (model_type 'bloom')"
 
 
-def test_batched_signals_equal_one_at_a_time(tiny, probe):
+def test_batched_signals_equal_one_at_a_time(tiny, probe, monkeypatch):
     """Right-padded batches give every signal of one-by-one passes, relevance included (in a sliding-window model
-    a padding query may see no key at all: that must not leak NaN into the real rows)."""
+    a padding query may see no key at all: that must not leak NaN into the real rows). The capture computes the
+    batch at once, as on a GPU."""
     from halwatch.models.relevance import RelevanceRequest
+
+    monkeypatch.setattr(forward, "CPU_GROUP", None)
 
     samples = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:3]
     relevance = "lrp4rag" not in REFUSED.get(tiny.name.removeprefix("tiny-"), {})

@@ -98,12 +98,16 @@ def test_batched_equals_one_at_a_time(smol, probe):
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
 
 
-def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe):
+@pytest.mark.parametrize("group", [None, 1])
+def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe, group, monkeypatch):
     """One batch of four answers of different prompt and response lengths, every signal of the white-box pass
-    computed for all of them at once, against each answer's own eager attention maps and hidden states (unpadded,
-    one at a time) and the NumPy references written from the papers' formulas."""
+    computed for all of them at once (as on a GPU; and one at a time, as on a CPU), against each answer's own eager
+    attention maps and hidden states (unpadded, one at a time) and the NumPy references written from the papers'
+    formulas."""
     from halwatch.signals.lookback import lookback_ratios
     from halwatch.signals.topology import mst_length
+
+    monkeypatch.setattr(forward, "CPU_GROUP", group)
 
     scorer = Scorer(model=smol, max_tokens=300, cache=None, batch_size=4)
     samples = [probe[0], probe[2], probe[-1], min(probe, key=lambda s: len(s.response))]

@@ -424,7 +424,7 @@ def cmd_generate(args) -> int:
 
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
-BENCH_PARTS = {"speed": ("lengths", "split", "batched"), "serve": ("throughput", "overload", "drain", "stream")}
+BENCH_PARTS = {"speed": ("lengths", "split", "batched", "peer"), "serve": ("throughput", "overload", "drain", "stream")}
 BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "architectures")
 
 
@@ -579,7 +579,8 @@ def _add_bench_parser(sub) -> None:
                                      "per sequence length (lengths), and per answer the time inside and outside the "
                                      "model's forward for batches of RAGTruth answers (split), and answers/s of "
                                      "the whole scoring path in its own batches against a plain forward of the same "
-                                     "batches (batched).")
+                                     "batches (batched); seconds per answer of halwatch and of LM-Polygraph's "
+                                     "white-box estimators, whole processes (peer).")
     s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
     s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"],
                    help="what to measure (default lengths split; batched is the GPU measure)")
@@ -588,7 +589,8 @@ def _add_bench_parser(sub) -> None:
     s.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
                    help="split: batch sizes (default 1 8 32; 32 answers)")
     s.add_argument("--answers", type=int, default=None,
-                   help="batched: RAGTruth test answers to score (default all 450; a seeded sample when fewer)")
+                   help="batched: RAGTruth test answers to score (default all 450; a seeded sample when fewer); "
+                        "peer: answers for halwatch and LM-Polygraph, each a whole process (default 50)")
     add_device_options(s)
 
     arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "

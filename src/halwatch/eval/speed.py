@@ -272,6 +272,13 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
+    if "peer" in parts:  # two whole processes of their own: nothing loaded here
+        from halwatch.eval.peer_speed import run_peer_speed
+
+        peer = run_peer_speed(batched_answers or 50, out=out)
+        parts = [p for p in parts if p != "peer"]
+        if not parts:
+            return {"model": model, "peer": peer}
     shared = load_model(model, device=device, dtype=dtype)
     where = f"{shared.device}, {shared.dtype}"
     if shared.device.type == "cuda":

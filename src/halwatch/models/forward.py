@@ -30,6 +30,9 @@ from halwatch.tokens import TokenView, tail_start
 ATTN_IMPLEMENTATION = "halwatch"
 #: Bytes of partial reducer results (e.g. MTop-Div's distances) held before they are finished together.
 PARTIAL_BUDGET = 96 << 20
+#: Samples of a batch whose attention rows the capture computes together on a CPU (``None``: the whole batch, as on
+#: a GPU). One: on a CPU padding costs its arithmetic, and a batch of 32 RAGTruth answers took 1.5x the time.
+CPU_GROUP: int | None = 1
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("halwatch_capture", default=None)
 
 
@@ -211,11 +214,41 @@ class Signals:
         return self.reduced[name][[index[h] for h in heads]]
 
 
+class _Group:
+    """Samples of a batch whose rows the capture computes together: their layout (:class:`Rows`), the positions of
+    their rows' queries, and what the reducers returned for them, layer by layer."""
+
+    def __init__(self, index: list[int], views: list[TokenView], attention_from: str):
+        self.index = index
+        self.views = [views[b] for b in index]
+        self.lengths = [len(v.input_ids) for v in self.views]
+        first = [0 if attention_from == "all" else v.n_prompt - 1 for v in self.views]
+        self.rows = Rows(tuple(v.n_prompt for v in self.views), tuple(v.n_header for v in self.views),
+                         tuple(first), tuple(self.lengths))
+        self.kept: dict[int, object] = {}  # layer -> the kept rows (keep_attention)
+        self.reduced: dict[str, list] = {}  # per reducer: outputs of layers, in order, each field [B, H, ...]
+        self.partial: dict[str, list] = {}  # per reducer with ``finish``: waiting partials
+        self.positions = None
+
+    def query_positions(self, device):
+        """``[B, Q]``: the absolute position of each row's query (rows past a sample's last query repeat it)."""
+        import torch
+
+        if self.positions is None:
+            span = max(n - s for n, s in zip(self.lengths, self.rows.row_start))
+            start = torch.tensor(self.rows.row_start, device=device)[:, None]
+            last = torch.tensor(self.lengths, device=device)[:, None] - 1
+            self.positions = torch.minimum(start + torch.arange(span, device=device)[None, :], last)
+        return self.positions
+
+
 class _Capture:
     """Runs the requested reducers on the attention rows of the chosen heads while the model runs, layer by layer,
-    for the whole batch at once, in torch on the model's device; keeps the rows themselves only when asked
-    (``keep_attention``). Nothing here loops over the samples of the batch until :meth:`assemble` hands out each
-    sample's share of the results, which leave the device once per batch."""
+    in torch on the model's device; keeps the rows themselves only when asked (``keep_attention``). On a GPU the
+    samples of the batch are computed all at once, with no loop over them until :meth:`assemble` hands out each
+    sample's share of the results, which leave the device once per batch; on a CPU, where a launch costs nothing and
+    padding costs its arithmetic (Prim's algorithm runs as many steps as the longest response), one sample at a
+    time."""
 
     def __init__(self, request: SignalRequest, views: list[TokenView], offset: int = 0):
         self.request = request
@@ -224,37 +257,20 @@ class _Capture:
         for layer, head in request.heads:
             self.by_layer.setdefault(layer, []).append(head)
         self.views = views
-        self.lengths = [len(v.input_ids) for v in views]
-        first = [0 if request.attention_from == "all" else v.n_prompt - 1 for v in views]
-        self.rows = Rows(tuple(v.n_prompt for v in views), tuple(v.n_header for v in views), tuple(first),
-                         tuple(self.lengths))
-        self.kept: dict[int, list] = {}  # layer -> the kept rows of each sample (keep_attention)
-        self.reduced: dict[str, list] = {}  # per reducer: outputs of layers, in order, each field [B, H, ...]
-        self.partial: dict[str, list] = {}  # per reducer with ``finish``: waiting partials
+        self.groups: list[_Group] | None = None  # made at the first layer, when the device is known
         self.seen: set[int] = set()  # layers whose rows were captured
-        self._index = {}  # per device: the positions of the rows' queries; and the partial budget
+        self.budget: int | None = None
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
         CPU; on a GPU a quarter of the memory free when the batch began (at least that), so that Prim's algorithm
         runs on many layers at once."""
-        if "budget" not in self._index:
+        if self.budget is None:
             import torch
 
             free = torch.cuda.mem_get_info(tensor.device)[0] if tensor.device.type == "cuda" else 0
-            self._index["budget"] = max(PARTIAL_BUDGET, free // 4)
-        return self._index["budget"]
-
-    def _positions(self, device):
-        """``[B, Q]``: the absolute position of each row's query (rows past a sample's last query repeat it)."""
-        import torch
-
-        if device not in self._index:
-            span = max(n - s for n, s in zip(self.lengths, self.rows.row_start))
-            start = torch.tensor(self.rows.row_start, device=device)[:, None]
-            last = torch.tensor(self.lengths, device=device)[:, None] - 1
-            self._index[device] = torch.minimum(start + torch.arange(span, device=device)[None, :], last)
-        return self._index[device]
+            self.budget = max(PARTIAL_BUDGET, free // 4)
+        return self.budget
 
     def record(self, module, query, key, attention_mask, scaling, softcap=None):
         import torch
@@ -264,67 +280,84 @@ class _Capture:
         if not heads:
             return
         self.seen.add(layer)
+        if self.groups is None:
+            size = CPU_GROUP if query.device.type == "cpu" and CPU_GROUP else len(self.views)
+            self.groups = [_Group(list(range(b, min(b + size, len(self.views)))), self.views,
+                                  self.request.attention_from) for b in range(0, len(self.views), size)]
         groups = query.shape[1] // key.shape[1]
         h_idx = torch.tensor(heads, device=query.device)
-        positions = self._positions(query.device)  # [B, Q]
-        batch, n_rows, longest = positions.shape[0], positions.shape[1], max(self.lengths)
         q_sel = query.index_select(1, h_idx)
-        q_rows = q_sel.gather(2, (positions - self.offset)[:, None, :, None].expand(
-            batch, len(heads), n_rows, q_sel.shape[-1]))
-        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))[:, :, :longest]
+        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
-        scores = torch.matmul(q_rows.float(), k_sel.float().transpose(-1, -2))  # [B, H, Q, K]
+        for group in self.groups:
+            if len(group.index) == query.shape[0]:
+                q, k, mask = q_sel, k_sel, attention_mask
+            else:
+                q, k = q_sel[group.index], k_sel[group.index]
+                mask = None if attention_mask is None or attention_mask.shape[0] == 1 else \
+                    attention_mask[group.index]
+            self._record_group(group, layer, q, k, mask, scaling, softcap)
+
+    def _record_group(self, group: _Group, layer: int, q_sel, k_sel, attention_mask, scaling, softcap) -> None:
+        import torch
+
+        positions = group.query_positions(q_sel.device)  # [B, Q]
+        batch, n_rows, longest = positions.shape[0], positions.shape[1], max(group.lengths)
+        q_rows = q_sel.gather(2, (positions - self.offset)[:, None, :, None].expand(
+            batch, q_sel.shape[1], n_rows, q_sel.shape[-1]))
+        scores = torch.matmul(q_rows.float(), k_sel[:, :, :longest].float().transpose(-1, -2))  # [B, H, Q, K]
         mask = None
         if attention_mask is not None:
             mask = attention_mask[..., :longest]
             mask = mask.expand(batch, -1, -1, -1).gather(
                 2, (positions - self.offset)[:, None, :, None].expand(batch, mask.shape[1], n_rows, longest))
-        rows = self.rows
+        rows = group.rows
         rows.probs = attention_probs(scores, scaling, softcap, mask, positions[:, None, :, None])
         if self.request.keep_attention:
-            kept = rows.probs if self.request.attention_from == "all" else rows.response()
-            self.kept[layer] = kept  # cut to each sample's rows and keys in assemble
+            group.kept[layer] = rows.probs if self.request.attention_from == "all" else rows.response()
         for name in self.request.reducers:
             spec, out = REDUCERS[name], REDUCERS[name].fn(rows)
             if spec.finish is None:
-                self.reduced.setdefault(name, []).append(out)
+                group.reduced.setdefault(name, []).append(out)
                 continue
-            waiting = self.partial.setdefault(name, [])
+            waiting = group.partial.setdefault(name, [])
             waiting.append(out)
-            if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > self._budget(query):
-                self._finish(name)
+            if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > self._budget(q_sel):
+                self._finish(group, name)
         rows.probs = None
 
-    def _finish(self, name: str) -> None:
-        waiting = self.partial.pop(name, [])
+    @staticmethod
+    def _finish(group: _Group, name: str) -> None:
+        waiting = group.partial.pop(name, [])
         if waiting:
-            self.reduced.setdefault(name, []).append(REDUCERS[name].finish(waiting))
+            group.reduced.setdefault(name, []).append(REDUCERS[name].finish(waiting))
 
     def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray]]]:
         """Each sample's ``(attention rows, reducer fields)``: the fields of every layer joined along the heads,
-        copied off the device once for the whole batch, then cut to each sample's response."""
+        copied off the device once per group of samples, then cut to each sample's response."""
         import torch
 
         layers = sorted(self.by_layer)  # the model runs its layers in order, so outputs are in this order
-        batch = {}
-        for name in self.request.reducers:
-            self._finish(name)
-            outputs = self.reduced[name]
-            batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float() for k in outputs[0]})
-        if self.request.keep_attention:
-            batch["kept"] = torch.cat([self.kept[layer] for layer in layers], dim=1)
-        batch = to_host(batch)
-        kept = batch.pop("kept", None)
-        results = []
-        for b, view in enumerate(self.views):
-            n_resp, length = view.n_response, self.lengths[b]
-            reduced = {k: v[b, :, :n_resp] if v.ndim == 3 else v[b] for k, v in batch.items()}
-            attention = None
-            if kept is not None:
-                n_rows = length if self.request.attention_from == "all" else n_resp
-                attention = kept[b, :, :n_rows, :length]
-            results.append((attention, reduced))
+        results: list = [None] * len(self.views)
+        for group in self.groups or ():
+            batch = {}
+            for name in self.request.reducers:
+                self._finish(group, name)
+                outputs = group.reduced[name]
+                batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float() for k in outputs[0]})
+            if self.request.keep_attention:
+                batch["kept"] = torch.cat([group.kept[layer] for layer in layers], dim=1)
+            batch = to_host(batch)
+            kept = batch.pop("kept", None)
+            for j, (b, view) in enumerate(zip(group.index, group.views)):
+                n_resp, length = view.n_response, group.lengths[j]
+                reduced = {k: v[j, :, :n_resp] if v.ndim == 3 else v[j] for k, v in batch.items()}
+                attention = None
+                if kept is not None:
+                    n_rows = length if self.request.attention_from == "all" else n_resp
+                    attention = kept[j, :, :n_rows, :length]
+                results[b] = (attention, reduced)
         return results
 
 
