@@ -1,8 +1,8 @@
 """Side by side with the peer: seconds per answer of halwatch's default detector and of LM-Polygraph's white-box
 estimators on the same RAGTruth answers, each as a whole process (start-up and model loading included), one run.
 
-- halwatch: ``halwatch score --input answers.jsonl`` (the shipped default detector: one teacher-forced pass per
-  answer, score and spans).
+- halwatch: ``halwatch score --input answers.jsonl --no-cache`` (the shipped default detector: one teacher-forced
+  pass per answer, score and spans; no signal cache, so that every answer runs its pass).
 - LM-Polygraph 0.7.0, its own path (``python -m halwatch.eval.peer_speed ANSWERS``): the same scoring model loaded
   by transformers (eager attention, which LM-Polygraph reads), wrapped in its ``WhiteboxModel``; per answer its
   ``GreedyProbsCalculator`` (attention maps on), ``EntropyCalculator``, ``AttentionForwardPassCalculator`` and
@@ -49,7 +49,7 @@ def run_peer_speed(n: int = 50, out=print) -> dict:
         answers = Path(tmp) / "answers.jsonl"
         n = write_answers(answers, n)
         ours = _timed_process([sys.executable, "-m", "halwatch", "score", "--input", str(answers), "--output",
-                               str(Path(tmp) / "scores.jsonl")])
+                               str(Path(tmp) / "scores.jsonl"), "--no-cache"])
         peer = _timed_process([sys.executable, "-m", "halwatch.eval.peer_speed", str(answers)])
     row = {"answers": n, "halwatch_s": ours, "polygraph_s": peer, "halwatch_per_answer_s": ours / n,
            "polygraph_per_answer_s": peer / n, "speedup": peer / ours}
