@@ -295,7 +295,8 @@ class _Capture:
                 q, k, mask = q_sel, k_sel, attention_mask
             else:
                 q, k = q_sel[group.index], k_sel[group.index]
-                mask = None if attention_mask is None or attention_mask.shape[0] == 1 else \
+                # a mask of one row serves every sample (no padding; a sliding window still applies)
+                mask = attention_mask if attention_mask is None or attention_mask.shape[0] == 1 else \
                     attention_mask[group.index]
             self._record_group(group, layer, q, k, mask, scaling, softcap)
 
