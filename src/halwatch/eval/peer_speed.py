@@ -45,6 +45,9 @@ def _timed_process(command: list[str]) -> float:
 
 def run_peer_speed(n: int = 50, out=print) -> dict:
     """Both processes on the same ``n`` answers; prints seconds per answer and the ratio."""
+    from halwatch.detectors.polygraph import installed_version
+
+    version = installed_version()  # a clear error when LM-Polygraph is not installed
     with tempfile.TemporaryDirectory(prefix="halwatch-peer-") as tmp:
         answers = Path(tmp) / "answers.jsonl"
         n = write_answers(answers, n)
@@ -57,7 +60,7 @@ def run_peer_speed(n: int = 50, out=print) -> dict:
     out("| process | seconds | seconds per answer |")
     out("|---|---|---|")
     out(f"| halwatch score (default detector) | {ours:.1f} | {ours / n:.2f} |")
-    out(f"| LM-Polygraph 0.7.0 (generation + every white-box estimator) | {peer:.1f} | {peer / n:.2f} |")
+    out(f"| LM-Polygraph {version} (generation + every white-box estimator) | {peer:.1f} | {peer / n:.2f} |")
     out(f"halwatch is {row['speedup']:.2f}x faster per answer")
     return row
 
