@@ -185,6 +185,9 @@ def test_every_causal_lm_of_transformers_works_or_is_refused_by_name(smol, probe
         seen[result].append(model_type)
         if result == "refused":
             assert "\n" not in why and f"model_type '{model_type}'" in why and type(model.model).__name__ in why
+            # refused for good: the model keeps its own attention, and asking again gives the same line
+            assert model.model.config._attn_implementation != forward.ATTN_IMPLEMENTATION
+            assert outcome(model, train, held_out) == (result, why)
             continue
         heads = model.all_heads()
         scorer = Scorer(model=model, max_tokens=300, cache=None)

@@ -263,13 +263,13 @@ class _Capture:
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
-        CPU; on a GPU a quarter of the memory free when the batch began (at least that), so that Prim's algorithm
+        CPU; on a GPU an eighth of the memory free when the batch began (at least that), so that Prim's algorithm
         runs on many layers at once."""
         if self.budget is None:
             import torch
 
             free = torch.cuda.mem_get_info(tensor.device)[0] if tensor.device.type == "cuda" else 0
-            self.budget = max(PARTIAL_BUDGET, free // 4)
+            self.budget = max(PARTIAL_BUDGET, free // 8)  # Prim's join of the partials doubles them for a while
         return self.budget
 
     def record(self, module, query, key, attention_mask, scaling, softcap=None):
@@ -351,13 +351,13 @@ class _Capture:
                 batch["kept"] = torch.cat([group.kept[layer] for layer in layers], dim=1)
             batch = to_host(batch)
             kept = batch.pop("kept", None)
-            for j, (b, view) in enumerate(zip(group.index, group.views)):
+            for j, (b, view) in enumerate(zip(group.index, group.views)):  # copies: no view keeps a batch's buffer
                 n_resp, length = view.n_response, group.lengths[j]
-                reduced = {k: v[j, :, :n_resp] if v.ndim == 3 else v[j] for k, v in batch.items()}
+                reduced = {k: (v[j, :, :n_resp] if v.ndim == 3 else v[j]).copy() for k, v in batch.items()}
                 attention = None
                 if kept is not None:
                     n_rows = length if self.request.attention_from == "all" else n_resp
-                    attention = kept[j, :, :n_rows, :length]
+                    attention = kept[j, :, :n_rows, :length].copy()
                 results[b] = (attention, reduced)
         return results
 
@@ -398,8 +398,13 @@ def install(model) -> None:
     if not getattr(model, "_supports_attention_backend", False):
         raise ModelError(f"{architecture(model)}: halwatch cannot capture this architecture's attention (it does not "
                          f"run attention through transformers' attention interface){_OTHERS}")
+    before = getattr(model.config, "_attn_implementation", None)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    check_capture(model)
+    try:
+        check_capture(model)
+    except ModelError:  # refused: the model keeps its own attention, so no later pass captures unchecked rows
+        model.set_attn_implementation(before or "sdpa")
+        raise
 
 
 _OTHERS = (", so detectors that read attention or relevance cannot use it; those that read token statistics or hidden "
@@ -639,11 +644,12 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
     if request.token_hidden_layers:
         fields["token_hidden"] = torch.stack([response_hidden(i).half() for i in request.token_hidden_layers], dim=1)
     fields = to_host(fields)
-    out = {name: np.split(fields[name].astype(np.float32), ends) for name in ("logprobs", "entropy") if name in fields}
-    out.update({name: [np.ascontiguousarray(part.transpose(1, 0, 2)) for part in np.split(fields[name], ends)]
+    out = {name: np.split(fields[name].astype(np.float32), ends)  # astype copies: no view of a page-locked buffer
+           for name in ("logprobs", "entropy") if name in fields}
+    out.update({name: [part.transpose(1, 0, 2).copy() for part in np.split(fields[name], ends)]
                 for name in ("hidden", "token_hidden") if name in fields})
     if "pooled" in fields:
-        out["hidden"] = list(fields["pooled"])
+        out["hidden"] = [pooled.copy() for pooled in fields["pooled"]]
     return out
 
 

@@ -10,8 +10,6 @@ n-gram it closes, in the source); halwatch's fused detector uses them beside the
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from halwatch.tokens import words
@@ -44,11 +42,8 @@ def _norm_number(word: str) -> str:
     return word.replace(",", "")
 
 
-_DIGIT = re.compile(r"\d")
-
-
 def _is_number(word: str) -> bool:
-    return _DIGIT.search(word) is not None
+    return any(c.isdigit() for c in word)
 
 
 def word_flags(context: str, response: str) -> tuple[list[tuple[int, int]], np.ndarray]:
