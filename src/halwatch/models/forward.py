@@ -415,7 +415,7 @@ CHECK_TOKENS = 24
 
 def check_capture(model) -> None:
     """Once per model: the rows the capture computes for every head, on a short input, equal the attention maps of
-    the model's own eager attention (transformers' ``output_attentions``), within 1e-4 (1e-2 for 16-bit weights).
+    the model's own eager attention (transformers' ``output_attentions``), within 1e-4 (0.1 for 16-bit weights).
     An architecture whose attention the capture does not reproduce (a bidirectional encoder, attention sinks, a
     layout the capture does not know), or that cannot be checked, is refused here in one line naming it, rather
     than scored with wrong maps. The verdict is kept on the model."""
@@ -463,7 +463,10 @@ def _capture_mismatch(model) -> str | None:
     if not maps or any(maps[layer] is None for layer, _ in heads):
         return (f"{architecture(model)}: halwatch cannot check its capture of this architecture's attention (the "
                 f"model returns no eager attention maps){_OTHERS}")
-    tolerance = 1e-2 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-4
+    # 16-bit eager attention rounds its scores to 8 or 11 bits (0.011 seen on SmolLM2 in bfloat16); what the check is
+    # for differs by far more (0.38 to 0.96: a bidirectional encoder, attention sinks), and subtler differences
+    # show in float32, where the survey and the tests run
+    tolerance = 0.1 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-4
     for k, (layer, head) in enumerate(heads):
         diff = float(np.abs(rows[k] - maps[layer][0, head].float().cpu().numpy()).max())
         if not diff <= tolerance:
