@@ -166,11 +166,20 @@ def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
     raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
 
 
+def _prompt_tokens(tokenizer, prompt: str, input_mode: str) -> tuple[list[int], list | None]:
+    """:func:`_prompt_ids`, and in raw mode the tokens' character offsets too (one tokenizer call, where the answer
+    header would take a second: :func:`answer_header_length`)."""
+    if input_mode != "raw":
+        return _prompt_ids(tokenizer, prompt, input_mode), None
+    enc = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
+    return list(enc["input_ids"]), enc["offset_mapping"]
+
+
 #: The longest last prompt line (in characters) that counts as an answer header in raw mode.
 MAX_HEADER_CHARS = 40
 
 
-def answer_header_length(tokenizer, prompt: str, input_mode: str, prompt_ids: list[int]) -> int:
+def answer_header_length(tokenizer, prompt: str, input_mode: str, prompt_ids: list[int], offsets=None) -> int:
     """How many of the last prompt tokens form the answer header: the tokens after which the answer begins and that
     belong to neither the context nor the question (Lookback Lens counts them as new tokens, as its reference code
     counts ``\n#Answer#:``).
@@ -190,7 +199,8 @@ def answer_header_length(tokenizer, prompt: str, input_mode: str, prompt_ids: li
     last = prompt[cut + 1 :].strip()
     if cut < 0 or not last.endswith(":") or len(last) > MAX_HEADER_CHARS:
         return 0
-    offsets = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+    if offsets is None:  # the character offsets of prompt_ids
+        offsets = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
     n = sum(1 for start, end in offsets if end > cut and end > start)
     return min(n, len(prompt_ids) - 1)
 
@@ -345,7 +355,7 @@ def _fit_context(sample: Sample, tokenizer, input_mode: str, max_tokens: int, re
     cut, n_first = 0, None
     while True:
         text = prompt[:ctx_start] + prompt[start + cut:end] + prompt[ctx_end:]
-        prompt_ids = _prompt_ids(tokenizer, text, input_mode)
+        prompt_ids, prompt_offsets = _prompt_tokens(tokenizer, text, input_mode)
         n_first = len(prompt_ids) if n_first is None else n_first
         excess = len(prompt_ids) + len(resp_ids) - max_tokens
         if excess <= 0:
@@ -361,6 +371,6 @@ def _fit_context(sample: Sample, tokenizer, input_mode: str, max_tokens: int, re
         cut += max(1, ctx_offsets[excess][0])
     view = TokenView(sample=sample, input_ids=prompt_ids + resp_ids, n_prompt=len(prompt_ids), offsets=offsets,
                      input_mode=input_mode, cut_chars=(start - ctx_start) + cut, cut_tokens=n_first - len(prompt_ids),
-                     n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids),
+                     n_header=answer_header_length(tokenizer, text, input_mode, prompt_ids, prompt_offsets),
                      kept=(start + cut, end))
     return view, n_first

@@ -47,14 +47,17 @@ def _module(n_in: int, hidden: int):
     return Net()
 
 
-def _batch(x: list[np.ndarray], mean, std, rows):
+def _batch(x: list[np.ndarray], mean, std, rows, device="cpu"):
+    """``(inputs [B, T, F] on device, lengths)`` of answers ``rows`` of ``x``, standardised on the device (the
+    padding is standardised too; the network never reads it)."""
     import torch
 
     lengths = [len(x[i]) for i in rows]
     out = np.zeros((len(rows), max(lengths), len(mean)), dtype=np.float32)
     for k, i in enumerate(rows):
-        out[k, :lengths[k]] = (x[i] - mean) / std
-    return torch.from_numpy(out), torch.tensor(lengths)
+        out[k, :lengths[k]] = x[i]
+    scale = torch.from_numpy(np.stack([mean, std])).to(device, non_blocking=True)
+    return (torch.from_numpy(out).to(device, non_blocking=True) - scale[0]) / scale[1], torch.tensor(lengths)
 
 
 def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: int = EPOCHS, seed: int = 0) -> dict:
@@ -124,7 +127,7 @@ def logodds(model: dict, x: list[np.ndarray], device="cpu") -> list[np.ndarray]:
     with torch.no_grad():
         for start in range(0, len(x), BATCH):
             rows = list(range(start, min(start + BATCH, len(x))))
-            batch, lengths = _batch(x, mean, std, rows)
-            z = net(batch.to(device), lengths).cpu().numpy().astype(float)
+            batch, lengths = _batch(x, mean, std, rows, device)
+            z = net(batch, lengths).cpu().numpy().astype(float)
             out += [z[k, :lengths[k]] for k in range(len(rows))]
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from halwatch.errors import ModelError
+from halwatch.errors import ModelError, first_line
 
 #: The sizes a tiny config is built with, tried in this order: every setting (one an architecture does not have is
 #: ignored by it), then only the common ones, for architectures that derive the others (head sizes of latent
@@ -41,10 +41,6 @@ def causal_lm_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
-def _first_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
 
 
 def build(model_type: str, tokenizer):
@@ -81,7 +77,7 @@ def build(model_type: str, tokenizer):
                 try:
                     return attempt(sizes)
                 except Exception as exc:  # noqa: BLE001 - any failure to build or run it is the reason reported
-                    reason = reason or _first_line(exc)
+                    reason = reason or first_line(exc)
         finally:
             quiet.setLevel(level)
     return reason

@@ -23,11 +23,9 @@ from pathlib import Path
 
 def write_answers(path: Path, n: int = 50, seed: int = 0) -> int:
     """``n`` RAGTruth test answers (a seeded sample) as halwatch's JSONL input; returns how many."""
-    import random
+    from halwatch.eval.speed import ragtruth_answers
 
-    from halwatch.data.ragtruth import read_ragtruth
-
-    samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
+    samples = ragtruth_answers(n, seed)
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
             f.write(json.dumps({"id": s.id, "prompt": s.prompt, "response": s.response}) + "\n")

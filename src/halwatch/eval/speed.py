@@ -129,14 +129,36 @@ def throughput(detector, samples, batch_size: int | None) -> float:
     return len(samples) / (time.perf_counter() - t0)
 
 
-def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
-    """:func:`throughput` on ``n`` real RAGTruth test answers (a seeded sample), one at a time and in batches of
-    similar length (the scorer's token budget), each after a warm-up on two of them."""
+def ragtruth_answers(n: int | None = None, seed: int = 0) -> list:
+    """``n`` RAGTruth test answers, a seeded sample (all of them with ``None`` or more than there are): what every
+    speed measure times."""
     import random
 
     from halwatch.data.ragtruth import read_ragtruth
 
-    samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
+    pool = read_ragtruth(split="test")
+    return random.Random(seed).sample(pool, min(n or len(pool), len(pool)))
+
+
+def plain_forward(scoring_model, views, batches) -> None:
+    """The model's own forward over ``batches`` (lists of indices into ``views``), each padded, one logit per
+    answer and no capture: the floor that the whole path is compared with."""
+    import torch
+
+    from halwatch.models.forward import padded
+
+    sm = scoring_model
+    with torch.inference_mode():
+        for batch in batches:
+            ids, mask = padded([views[i] for i in batch], sm.tokenizer.pad_token_id or 0)
+            sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
+                     use_cache=False)
+
+
+def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
+    """:func:`throughput` on ``n`` real RAGTruth test answers (a seeded sample), one at a time and in batches of
+    similar length (the scorer's token budget), each after a warm-up on two of them."""
+    samples = ragtruth_answers(n, seed)
     out = {}
     for label, size in (("one_at_a_time", 1), ("batched", None)):
         throughput(detector, samples[:2], size)  # warm-up
@@ -172,18 +194,10 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     it), the time outside it (everything else), and a plain forward of the same padded batches (the model's own
     SDPA forward, one logit per answer: the floor). Issue 35's CPU target: outside <= 5 % of inside at batch 32.
     ``samples``: other answers to time instead (``n`` is then their number)."""
-    import random
-
-    import torch
-
-    from halwatch.data.ragtruth import read_ragtruth
-    from halwatch.models.forward import padded
-
     scorer = detector._scorer()
     sm = scorer.model
-    if samples is None:
-        samples = random.Random(seed).sample(read_ragtruth(split="test"), n)
-    samples, n = list(samples), len(samples)
+    samples = list(ragtruth_answers(n, seed) if samples is None else samples)
+    n = len(samples)
     samples.sort(key=lambda s: len(scorer.encode(s).input_ids))
     rows = []
     for size in batches:
@@ -195,15 +209,8 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
         finally:
             clock.close()
         views = [scorer.encode(s) for s in samples]
-
-        def plain():
-            with torch.inference_mode():
-                for i in range(0, n, size):
-                    ids, mask = padded(views[i : i + size], sm.tokenizer.pad_token_id or 0)
-                    sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
-                             use_cache=False)
-
-        plain_s = _timed(plain, 1, warm_up=False)
+        batched = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        plain_s = _timed(lambda: plain_forward(sm, views, batched), 1, warm_up=False)
         row = {"batch": size, "answers": n, "total_s": total / n, "inside_s": clock.seconds / n,
                "outside_s": (total - clock.seconds) / n, "plain_forward_s": plain_s / n}
         row["outside_share"] = row["outside_s"] / row["inside_s"]
@@ -224,33 +231,16 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     its token budget), against a plain forward of the same padded batches (the model's SDPA forward, one logit per
     answer: what the GPU could do). The median of ``repeats`` runs after a warm-up. Issue 35's GPU target: at
     least 500 answers/s on one H100 and at least half the plain forward's rate."""
-    import random
-
-    import torch
-
-    from halwatch.data.ragtruth import read_ragtruth
-    from halwatch.models.forward import padded
-
     scorer = detector._scorer()
     sm = scorer.model
-    if samples is None:
-        pool = read_ragtruth(split="test")
-        samples = random.Random(seed).sample(pool, min(n or len(pool), len(pool)))
-    samples = sorted(samples, key=lambda s: len(scorer.encode(s).input_ids))
+    samples = sorted(ragtruth_answers(n, seed) if samples is None else samples,
+                     key=lambda s: len(scorer.encode(s).input_ids))
     scorer.batch_size = None
     throughput(detector, samples[:8], None)  # warm-up
     whole = sorted(throughput(detector, samples, None) for _ in range(repeats))[repeats // 2]
     views = [scorer.encode(s) for s in samples]
     batches = scorer.batches([len(v.input_ids) for v in views])
-
-    def plain():
-        with torch.inference_mode():
-            for batch in batches:
-                ids, mask = padded([views[i] for i in batch], sm.tokenizer.pad_token_id or 0)
-                sm.model(input_ids=ids.to(sm.device), attention_mask=mask.to(sm.device), logits_to_keep=1,
-                         use_cache=False)
-
-    forward_rate = len(samples) / _timed(plain, repeats)
+    forward_rate = len(samples) / _timed(lambda: plain_forward(sm, views, batches), repeats)
     row = {"answers": len(samples), "batches": len(batches), "answers_per_s": whole,
            "plain_forward_answers_per_s": forward_rate, "ratio": whole / forward_rate}
     out(f"\n{detector.name} on {len(samples)} RAGTruth test answers in {len(batches)} batches (--batch-size auto; "

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from halwatch.errors import ModelError
+from halwatch.errors import ModelError, first_line
 from halwatch.models import relevance as lrp
 from halwatch.models.masking import attention_probs, explicit_attention
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
 from halwatch.signals import support
-from halwatch.signals.reducers import REDUCERS, Rows
+from halwatch.signals.reducers import REDUCERS, Rows, on_device
 from halwatch.tokens import TokenView, tail_start
 
 ATTN_IMPLEMENTATION = "halwatch"
@@ -207,8 +208,10 @@ class Signals:
 
     def head_values(self, name: str, heads) -> np.ndarray:
         """Reducer output ``name`` for the given heads, in their order."""
+        if heads == self.heads:  # every captured head, in order (the white-box pass): a tuple compared in C
+            return self.reduced[name]
         heads = tuple(tuple(h) for h in heads)
-        if heads == self.heads:  # every captured head, in order (the white-box pass)
+        if heads == self.heads:
             return self.reduced[name]
         index = {h: i for i, h in enumerate(self.heads)}
         return self.reduced[name][[index[h] for h in heads]]
@@ -236,8 +239,8 @@ class _Group:
 
         if self.positions is None:
             span = max(n - s for n, s in zip(self.lengths, self.rows.row_start))
-            start = torch.tensor(self.rows.row_start, device=device)[:, None]
-            last = torch.tensor(self.lengths, device=device)[:, None] - 1
+            start = on_device(self.rows.row_start, device)[:, None]
+            last = on_device(self.lengths, device)[:, None] - 1
             self.positions = torch.minimum(start + torch.arange(span, device=device)[None, :], last)
         return self.positions
 
@@ -260,6 +263,7 @@ class _Capture:
         self.groups: list[_Group] | None = None  # made at the first layer, when the device is known
         self.seen: set[int] = set()  # layers whose rows were captured
         self.budget: int | None = None
+        self.head_index: dict = {}  # (layer, device) -> the layer's requested heads, on the device
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
@@ -284,10 +288,15 @@ class _Capture:
             size = CPU_GROUP if query.device.type == "cpu" and CPU_GROUP else len(self.views)
             self.groups = [_Group(list(range(b, min(b + size, len(self.views)))), self.views,
                                   self.request.attention_from) for b in range(0, len(self.views), size)]
-        groups = query.shape[1] // key.shape[1]
-        h_idx = torch.tensor(heads, device=query.device)
-        q_sel = query.index_select(1, h_idx)
-        k_sel = key.index_select(1, torch.div(h_idx, groups, rounding_mode="floor"))
+        per_kv = query.shape[1] // key.shape[1]  # query heads per key head
+        if heads == list(range(query.shape[1])):  # every head: no copies; the key heads are
+            q_sel, k_sel = query, key  # shared by their query heads in the product (_record_group)
+        else:
+            if (layer, query.device) not in self.head_index:
+                self.head_index[layer, query.device] = on_device(heads, query.device)
+            h_idx = self.head_index[layer, query.device]
+            q_sel = query.index_select(1, h_idx)
+            k_sel = key.index_select(1, torch.div(h_idx, per_kv, rounding_mode="floor"))
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         for group in self.groups:
@@ -305,9 +314,15 @@ class _Capture:
 
         positions = group.query_positions(q_sel.device)  # [B, Q]
         batch, n_rows, longest = positions.shape[0], positions.shape[1], max(group.lengths)
+        n_heads, n_kv = q_sel.shape[1], k_sel.shape[1]
         q_rows = q_sel.gather(2, (positions - self.offset)[:, None, :, None].expand(
-            batch, q_sel.shape[1], n_rows, q_sel.shape[-1]))
-        scores = torch.matmul(q_rows.float(), k_sel[:, :, :longest].float().transpose(-1, -2))  # [B, H, Q, K]
+            batch, n_heads, n_rows, q_sel.shape[-1]))
+        # [B, H, Q, K], scaled as the queries go in (one pass less over the scores); the queries of the heads that
+        # share a key head (grouped-query attention: query head h reads key head h // (H / KV)) in one product
+        q_rows = (q_rows.float() * scaling).reshape(batch, n_kv, (n_heads // n_kv) * n_rows, q_rows.shape[-1])
+        scores = torch.matmul(q_rows, k_sel[:, :, :longest].float().transpose(-1, -2)).reshape(
+            batch, n_heads, n_rows, longest)
+        scaling = 1.0
         mask = None
         if attention_mask is not None:
             mask = attention_mask[..., :longest]
@@ -426,9 +441,8 @@ def check_capture(model) -> None:
         except ModelError as exc:
             verdict = str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure of the check refuses the architecture, by name
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
             verdict = (f"{architecture(model)}: halwatch cannot check its capture of this architecture's attention "
-                       f"against the model's eager attention ({type(exc).__name__}: {first}){_OTHERS}")
+                       f"against the model's eager attention ({first_line(exc, 200)}){_OTHERS}")
         model._halwatch_capture_check = verdict or ""
     if verdict:
         raise ModelError(verdict)
@@ -445,7 +459,8 @@ def _capture_mismatch(model) -> str | None:
                   for head in range(config.num_attention_heads))
     view = TokenView(sample=None, input_ids=ids, n_prompt=CHECK_TOKENS // 2, offsets=[], input_mode="raw")
     capture = _Capture(SignalRequest(heads=heads, attention_from="all", keep_attention=True), [view])
-    device = next(model.parameters()).device
+    weight = next(model.parameters())
+    device = weight.device
     with torch.inference_mode():
         token = _ACTIVE.set(capture)
         try:
@@ -466,7 +481,7 @@ def _capture_mismatch(model) -> str | None:
     # 16-bit eager attention rounds its scores to 8 or 11 bits (0.011 seen on SmolLM2 in bfloat16); what the check is
     # for differs by far more (0.38 to 0.96: a bidirectional encoder, attention sinks), and subtler differences
     # show in float32, where the survey and the tests run
-    tolerance = 0.1 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-4
+    tolerance = 0.1 if weight.dtype in (torch.float16, torch.bfloat16) else 1e-4
     for k, (layer, head) in enumerate(heads):
         diff = float(np.abs(rows[k] - maps[layer][0, head].float().cpu().numpy()).max())
         if not diff <= tolerance:
@@ -583,16 +598,40 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     return results
 
 
+#: Per thread, the page-locked buffer that :func:`to_host` copies through, grown as needed and kept: allocating
+#: page-locked memory costs milliseconds per call (5.7 ms each on an H200 host), a batch's worth of answers.
+_STAGING = threading.local()
+
+
+def _staging(nbytes: int):
+    import torch
+
+    buffer = getattr(_STAGING, "buffer", None)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = _STAGING.buffer = torch.empty(max(nbytes, 2 * (0 if buffer is None else buffer.numel())),
+                                               dtype=torch.uint8, pin_memory=True)
+    return buffer
+
+
 def to_host(tensors: dict) -> dict:
-    """``{name: numpy array}`` of ``{name: tensor}``: from a GPU through page-locked buffers, all copies queued
-    before one wait (a copy into ordinary memory runs at a fraction of the bus's speed and waits each time)."""
+    """``{name: numpy array}`` of ``{name: tensor}``: from a GPU through this thread's page-locked buffer, all
+    copies queued before one wait (a copy into ordinary memory runs at a fraction of the bus's speed and waits each
+    time). The arrays of a GPU's tensors are views of that buffer, valid until this thread's next call: copy what
+    is kept."""
     import torch
 
     devices = {t.device.type for t in tensors.values()}
     if devices != {"cuda"}:
         return {k: t.cpu().numpy() for k, t in tensors.items()}
-    host = {k: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for k, t in tensors.items()}
+    tensors = {k: t.contiguous() for k, t in tensors.items()}
+    starts, end = {}, 0
     for k, t in tensors.items():
+        starts[k] = end
+        end += -(-t.numel() * t.element_size() // 64) * 64  # every array 64-byte aligned
+    buffer = _staging(end)
+    host = {}
+    for k, t in tensors.items():
+        host[k] = buffer[starts[k]:starts[k] + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
         host[k].copy_(t, non_blocking=True)
     torch.cuda.current_stream(next(iter(tensors.values())).device).synchronize()
     return {k: t.numpy() for k, t in host.items()}
@@ -615,11 +654,11 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
     counts = [v.n_response for v in views]
     ends = np.cumsum(counts)[:-1]
     device = (out.logits if out.logits is not None else out.hidden_states[0]).device
-    sample = torch.tensor(np.repeat(np.arange(len(views)), counts), device=device)
-    position = torch.tensor([p for v in views for p in range(v.n_prompt, len(v.input_ids))], device=device)
+    sample = on_device(np.repeat(np.arange(len(views)), counts), device)
+    position = on_device([p for v in views for p in range(v.n_prompt, len(v.input_ids))], device)
     fields = {}
     if request.token_stats:
-        target = torch.tensor([t for v in views for t in v.input_ids[v.n_prompt:]], device=device)
+        target = on_device([t for v in views for t in v.input_ids[v.n_prompt:]], device)
         logprobs, entropy = [], []
         done = 0  # response tokens of the samples before this one
         for b, v in enumerate(views):  # each sample's rows are one slice of its logits: no copy of them
@@ -637,8 +676,8 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
     if request.hidden_layers:
         rows = [response_hidden(i) for i in request.hidden_layers]
         if request.hidden_pool == "mean_last":
-            size = torch.tensor(counts, device=device, dtype=torch.float32)[:, None]
-            last = torch.tensor(np.cumsum(counts) - 1, device=device)
+            size = on_device(counts, device, torch.float32)[:, None]
+            last = on_device(np.cumsum(counts) - 1, device)
             rows = [torch.stack([torch.zeros(len(views), r.shape[1], device=device).index_add_(0, sample, r) / size,
                                  r[last]], dim=1) for r in rows]  # [B, 2, d] each
             fields["pooled"] = torch.stack(rows, dim=1)

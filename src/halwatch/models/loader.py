@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from halwatch.errors import ModelError
@@ -86,17 +87,22 @@ class ScoringModel:
     def dtype(self) -> str:
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
-    @property
+    @cached_property
     def n_layers(self) -> int:
         """Layers of the language model (the text part of a composite config, as in Fuyu's)."""
         return int(self.model.config.get_text_config().num_hidden_layers)
 
-    @property
+    @cached_property
     def n_heads(self) -> int:
         return int(self.model.config.get_text_config().num_attention_heads)
 
-    def all_heads(self) -> tuple[tuple[int, int], ...]:
+    @cached_property
+    def _heads(self) -> tuple[tuple[int, int], ...]:
         return tuple((layer, head) for layer in range(self.n_layers) for head in range(self.n_heads))
+
+    def all_heads(self) -> tuple[tuple[int, int], ...]:
+        """Every ``(layer, head)``, layer by layer (one tuple, made once: callers compare it per answer)."""
+        return self._heads
 
 
 def _folder_hash(folder: Path) -> str:

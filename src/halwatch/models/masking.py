@@ -33,7 +33,8 @@ def attention_probs(scores, scaling, softcap, mask, first_row):
     masked (:func:`masked_scores`) and normalised. What every capture of attention rows recomputes."""
     import torch
 
-    return torch.softmax(masked_scores(capped(scores * scaling, softcap), mask, first_row), dim=-1)
+    scores = scores if scaling == 1 else scores * scaling
+    return torch.softmax(masked_scores(capped(scores, softcap), mask, first_row), dim=-1)
 
 
 def explicit_attention(query, key, value, attention_mask, scaling=None, softcap=None):

@@ -24,6 +24,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+def on_device(values, device, dtype=None):
+    """A tensor of ``values`` (a sequence or NumPy array; ``long`` unless ``dtype``) on ``device``, copied without
+    a wait: a plain copy from host memory waits for the device's queue to empty, which on a GPU stalls the host
+    once per copy instead of letting it queue the next kernels (CUDA stages a pageable buffer before the call
+    returns, so the host array may go)."""
+    import torch
+
+    tensor = torch.as_tensor(values, dtype=torch.long if dtype is None else dtype)
+    return tensor.to(device, non_blocking=True)
+
+
 @dataclass
 class Rows:
     """Attention rows of ``H`` heads of ``B`` samples: ``probs[B, H, Q, K]``. Row ``i`` of sample ``b`` is the
@@ -43,6 +54,12 @@ class Rows:
 
     def __post_init__(self):
         self._tensors = {}
+        self._of_queries = {}  # first -> rows of those queries, for the current probs
+
+    def __setattr__(self, name, value):
+        if name == "probs":  # a new layer's rows: the rows picked from the last layer's go
+            self.__dict__.setdefault("_of_queries", {}).clear()
+        super().__setattr__(name, value)
 
     @property
     def r_max(self) -> int:
@@ -51,13 +68,12 @@ class Rows:
 
     def tensor(self, name: str):
         """``[B]`` long tensor of a layout field (or ``n_response``) on the device of ``probs``."""
-        import torch
 
         key = (name, self.probs.device)
         if key not in self._tensors:
             values = ([n - p for n, p in zip(self.length, self.n_prompt)] if name == "n_response"
                       else getattr(self, name))
-            self._tensors[key] = torch.tensor(values, dtype=torch.long, device=self.probs.device)
+            self._tensors[key] = on_device(values, self.probs.device)
         return self._tensors[key]
 
     def valid(self):
@@ -68,16 +84,26 @@ class Rows:
 
     def of_queries(self, first: tuple):
         """``[B, H, R_max, K]``: the rows of the queries at absolute positions ``first[b] + i``, ``i < R_max``
-        (positions past a sample's rows repeat its last row)."""
+        (positions past a sample's rows repeat its last row). Picked once per layer: every reducer that asks for
+        the same queries gets the same tensor."""
         import torch
 
+        if first in self._of_queries:
+            return self._of_queries[first]
         b, h, q, k = self.probs.shape
         index = [f - s for f, s in zip(first, self.row_start)]
         if len(set(index)) == 1 and index[0] + self.r_max <= q:  # one slice serves every sample
-            return self.probs[:, :, index[0]:index[0] + self.r_max]
-        index = torch.tensor(index, device=self.probs.device)
-        index = (index[:, None] + torch.arange(self.r_max, device=index.device)[None, :]).clamp(0, q - 1)
-        return self.probs.gather(2, index[:, None, :, None].expand(b, h, self.r_max, k))
+            out = self.probs[:, :, index[0]:index[0] + self.r_max]
+        else:
+            key = ("first", first, q, self.probs.device)
+            if key not in self._tensors:
+                start = on_device(index, self.probs.device)
+                self._tensors[key] = (start[:, None] + torch.arange(self.r_max, device=start.device)[None, :]
+                                      ).clamp(0, q - 1)
+            index = self._tensors[key]
+            out = self.probs.gather(2, index[:, None, :, None].expand(b, h, self.r_max, k))
+        self._of_queries[first] = out
+        return out
 
     def response(self):
         """``[B, H, R_max, K]``: the rows of the response tokens themselves."""
@@ -198,10 +224,11 @@ def _prim(dist, key, blocked):
     key = key.clone()
     blocked = blocked.clone()
     weights = torch.zeros_like(key)
-    for _ in range(n):
-        j = torch.argmin(key + blocked, dim=1)
-        weights[trees, j] = key[trees, j]
-        blocked[trees, j] = float("inf")
+    for _ in range(n):  # scatter and gather, not indexed assignment: a number assigned by index is copied to the
+        j = torch.argmin(key + blocked, dim=1)  # device with a wait at every step
+        at = j[:, None]
+        weights.scatter_(1, at, key.gather(1, at))
+        blocked.scatter_(1, at, float("inf"))
         key = torch.minimum(key, dist[trees, j] + blocked)
     return weights.masked_fill(padding, 0.0)
 
