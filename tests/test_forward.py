@@ -179,6 +179,7 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
     detector = _default_detector(smol)
     answers = [Sample(prompt="Q: Which city is the capital of France?\nAnswer:", response=r, id=str(i))
                for i, r in enumerate(("Paris.", "It is Lyon, I think.", "Paris, on the Seine."))]
+    forward.install(smol.model)  # the capture's check runs two passes once per model, on its first use: not below
     calls = []
     clock = ForwardClock(smol.model)
     counter = smol.model.register_forward_hook(lambda *a: calls.append(1))

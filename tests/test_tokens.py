@@ -4,7 +4,7 @@ import pytest
 
 from halwatch import InputError, Sample
 from halwatch.sample import QA_TEMPLATE
-from halwatch.tokens import encode, encode_windows, window_groups
+from halwatch.tokens import encode, encode_many, encode_windows, window_groups
 
 TRICKY = [
     "Plain answer.",
@@ -155,3 +155,26 @@ def test_window_groups_keep_one_answers_windows_together(smol):
     assert window_groups(views) == [list(range(len(views) - 1)), [len(views) - 1]]
     with pytest.raises(ValueError, match="windows of one answer"):
         window_groups(views[1:])
+
+
+@pytest.mark.parametrize("mode", ["raw", "chat"])
+def test_tokenizing_many_together_gives_the_views_of_one_at_a_time(smol, probe, mode):
+    """The batched tokenizer calls of encode_many against encode_windows sample by sample: real RAGTruth answers
+    (under 700 characters) at a cap that cuts or windows most of their contexts, a context long enough to be cut
+    before tokenizing, and the tricky responses."""
+    long = Sample(context=" ".join(f"Sentence number {i} of the context." for i in range(3000)), question="Q?",
+                  response="Sentence 5.", id="huge")
+    samples = probe[:24] + [long] + [Sample(prompt="Say something.", response=r) for r in TRICKY]
+    for cap, windows in ((1024, 1), (400, 4)):
+        together = encode_many(samples, smol.tokenizer, mode, cap, windows)
+        alone = [encode_windows(s, smol.tokenizer, mode, cap, windows) for s in samples]
+        assert sum(len(v) > 1 for v in together) >= (5 if windows > 1 else 0)
+        assert sum(v[-1].cut_chars > 0 for v in together) >= (10 if cap < 1024 else 1)
+        for a, b in zip(together, alone):
+            assert [(v.input_ids, v.n_prompt, v.n_header, v.offsets, v.cut_chars, v.cut_tokens, v.window, v.kept)
+                    for v in a] == [(v.input_ids, v.n_prompt, v.n_header, v.offsets, v.cut_chars, v.cut_tokens,
+                                     v.window, v.kept) for v in b]
+    with pytest.raises(InputError, match="id=too-long"):
+        encode_many([samples[0], Sample(prompt="Q?", response="word " * 400, id="too-long")], smol.tokenizer,
+                    mode, 300)
+    assert encode_many([], smol.tokenizer, mode) == []

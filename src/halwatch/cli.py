@@ -100,15 +100,12 @@ def _encode_all(scorer, samples, skip_invalid: bool, windows: bool = False):
     ``windows``, every window of a long context (:meth:`halwatch.scorer.Scorer.encode_windows`), each with its
     sample."""
     kept, views = [], []
-    for s in samples:
-        try:
-            found = scorer.encode_windows(s) if windows else [scorer.encode(s)]
-            views += found
-            kept += [s] * len(found)
-        except InputError as err:
-            if not skip_invalid:
-                raise
-            log.warning("skipped %s", err)
+    for s, found in zip(samples, scorer.encode_many(samples, windows, keep_errors=skip_invalid)):
+        if isinstance(found, InputError):
+            log.warning("skipped %s", found)
+            continue
+        views += found
+        kept += [s] * len(found)
     if not kept:
         raise InputError("no usable records")
     return kept, views
@@ -305,9 +302,7 @@ def cmd_calibrate(args) -> int:
     labels = [s.label for s in samples]
     if len(set(labels)) < 2:
         raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
-    _, views = _encode_all(scorer, samples, False, windows=True)
-    signals = scorer.signals([v.sample for v in views], detector.request(), progress=True, views=views)
-    report = detector.recalibrate(detector.answer_outputs(views, signals)[1], labels, args.target_fpr, describe)
+    report = detector.recalibrate(detector.answers(samples, progress=True)[1], labels, args.target_fpr, describe)
     detector.save(args.output)
     tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"
     note(f"calibrated {detector.name} on {report['n']} answers ({report['n_hallucinated']} hallucinated; the "

@@ -158,14 +158,20 @@ class ScoreActor(_Loaded):
         samples, views, slots = [], [], []
         from halwatch.data.jsonl import sample_from_record
 
+        parsed = []
         for i, record in enumerate(records):
             try:
-                sample = sample_from_record(record, f"record {ids[i] or i}")
-                views.append(self.scorer.encode_windows(sample))
-                samples.append(sample)
-                slots.append(i)
+                parsed.append((i, sample_from_record(record, f"record {ids[i] or i}")))
             except InputError as exc:
                 errors[i] = str(exc)
+        found = self.scorer.encode_many([sample for _, sample in parsed], keep_errors=True)
+        for (i, sample), sample_views in zip(parsed, found):
+            if isinstance(sample_views, InputError):
+                errors[i] = str(sample_views)
+            else:
+                views.append(sample_views)
+                samples.append(sample)
+                slots.append(i)
         if slots:
             everything = list(range(len(slots)))
             try:

@@ -169,10 +169,16 @@ def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
 def _prompt_tokens(tokenizer, prompt: str, input_mode: str) -> tuple[list[int], list | None]:
     """:func:`_prompt_ids`, and in raw mode the tokens' character offsets too (one tokenizer call, where the answer
     header would take a second: :func:`answer_header_length`)."""
+    return _prompts_tokens(tokenizer, [prompt], input_mode)[0]
+
+
+def _prompts_tokens(tokenizer, prompts: list[str], input_mode: str) -> list[tuple[list[int], list | None]]:
+    """:func:`_prompt_tokens` of many prompts, in one tokenizer call in raw mode (a fast tokenizer encodes them in
+    parallel, and the call's own cost is paid once)."""
     if input_mode != "raw":
-        return _prompt_ids(tokenizer, prompt, input_mode), None
-    enc = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
-    return list(enc["input_ids"]), enc["offset_mapping"]
+        return [(_prompt_ids(tokenizer, p, input_mode), None) for p in prompts]
+    enc = tokenizer(prompts, add_special_tokens=True, return_offsets_mapping=True)
+    return [(list(ids), offsets) for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"])]
 
 
 #: The longest last prompt line (in characters) that counts as an answer header in raw mode.
@@ -206,9 +212,18 @@ def answer_header_length(tokenizer, prompt: str, input_mode: str, prompt_ids: li
 
 
 def _response_tokens(tokenizer, response: str) -> tuple[list[int], list[tuple[int, int]]]:
-    enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    return _responses_tokens(tokenizer, [response])[0]
+
+
+def _responses_tokens(tokenizer, responses: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Each response's token ids and character offsets (inside the text), in one tokenizer call."""
+    enc = tokenizer(responses, add_special_tokens=False, return_offsets_mapping=True)
+    return [_inside(response, list(ids), offsets)
+            for response, ids, offsets in zip(responses, enc["input_ids"], enc["offset_mapping"])]
+
+
+def _inside(response: str, ids: list[int], offsets) -> tuple[list[int], list[tuple[int, int]]]:
+    offsets = [tuple(o) for o in offsets]
     # Byte-level tokenizers may give a token that holds part of a multi-byte character the same span as its
     # neighbour; keep spans inside the text and non-decreasing so every token maps to real characters.
     fixed: list[tuple[int, int]] = []
@@ -248,23 +263,55 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
     The response is never cut: a response that alone does not fit, or does not fit beside the part of the prompt
     that is not context, raises :class:`InputError` for that record.
     """
-    view = _encode(sample, tokenizer, input_mode, max_tokens)
+    return _logged(_encode(sample, tokenizer, input_mode, max_tokens), max_tokens)
+
+
+def encode_many(samples: list[Sample], tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS,
+                max_windows: int = 1) -> list[list[TokenView]]:
+    """:func:`encode_windows` of every sample (with ``max_windows=1``, :func:`encode`'s one view each): the same
+    views, with the responses tokenized in one call and the prompts in another (raw mode), where each sample alone
+    would take two or three calls. A prompt that does not fit is cut as :func:`encode` cuts it. Raises the first
+    sample's :class:`InputError`, as encoding them one by one would."""
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
+    if not samples:
+        return []
+    responses = _responses_tokens(tokenizer, [s.response for s in samples])
+    whole = [i for i, s in enumerate(samples) if not _precut(s, max_tokens)]  # the rest is cut before tokenizing
+    prompts = dict(zip(whole, _prompts_tokens(tokenizer, [samples[i].prompt for i in whole], input_mode)))
+    out = []
+    for i, sample in enumerate(samples):
+        first = _encode(sample, tokenizer, input_mode, max_tokens, responses[i], prompts.get(i))
+        out.append(_windows(sample, tokenizer, input_mode, max_tokens, max_windows, first) if max_windows > 1
+                   else [_logged(first, max_tokens)])
+    return out
+
+
+def _precut(sample: Sample, max_tokens: int) -> int:
+    """Characters cut from the left of a context far longer than the cap before it is tokenized (:func:`_encode`)."""
+    ctx_start, ctx_end = sample.context_span or (0, len(sample.prompt))
+    return tail_start(sample.prompt, max_tokens * PRECUT_CHARS_PER_TOKEN, ctx_start, ctx_end) - ctx_start
+
+
+def _logged(view: TokenView, max_tokens: int) -> TokenView:
     if view.cut_chars:
         log.warning("%s: prompt cut by %d context characters (from the left) to fit %d tokens",
-                    sample.where or "sample", view.cut_chars, max_tokens)
+                    view.sample.where or "sample", view.cut_chars, max_tokens)
     return view
 
 
-def _encode(sample: Sample, tokenizer, input_mode: str, max_tokens: int) -> TokenView:
-    resp_ids, offsets = _checked_response(sample, tokenizer, input_mode, max_tokens)
+def _encode(sample: Sample, tokenizer, input_mode: str, max_tokens: int, response=None, prompt=None) -> TokenView:
+    """:func:`encode` without its warning; ``response``: the response's tokens and offsets where they are at hand;
+    ``prompt``: the whole prompt's tokens (and raw offsets), where they are at hand (only with no precut)."""
+    resp_ids, offsets = _checked_response(sample, tokenizer, input_mode, max_tokens, response)
     ctx_start, ctx_end = sample.context_span or (0, len(sample.prompt))
     # A context far longer than the cap loses its left part before it is tokenized (so that a megabyte of context
     # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
     # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
     # way is estimated from the characters per token of what is kept.
-    precut = tail_start(sample.prompt, max_tokens * PRECUT_CHARS_PER_TOKEN, ctx_start, ctx_end) - ctx_start
+    precut = _precut(sample, max_tokens)
     view, n_first = _fit_context(sample, tokenizer, input_mode, max_tokens, resp_ids, offsets, ctx_start + precut,
-                                 ctx_end)
+                                 ctx_end, None if precut else prompt)
     view.cut_tokens += round(precut * n_first / max(1, len(sample.prompt) - precut))
     return view
 
@@ -279,7 +326,13 @@ def encode_windows(sample: Sample, tokenizer, input_mode: str = "raw", max_token
     tokens that no window holds, and ``window`` is ``(index, count)``."""
     if max_windows <= 1:
         return [encode(sample, tokenizer, input_mode, max_tokens)]
-    last = _encode(sample, tokenizer, input_mode, max_tokens)
+    return _windows(sample, tokenizer, input_mode, max_tokens, max_windows,
+                    _encode(sample, tokenizer, input_mode, max_tokens))
+
+
+def _windows(sample: Sample, tokenizer, input_mode: str, max_tokens: int, max_windows: int,
+             last: TokenView) -> list[TokenView]:
+    """:func:`encode_windows` from ``last``, the sample's :func:`_encode` view (the last window)."""
     if not last.cut_chars:
         return [last]
     prompt = sample.prompt
@@ -332,10 +385,10 @@ def window_groups(views) -> list[list[int]]:
     return groups
 
 
-def _checked_response(sample: Sample, tokenizer, input_mode: str, max_tokens: int):
+def _checked_response(sample: Sample, tokenizer, input_mode: str, max_tokens: int, response=None):
     if input_mode not in INPUT_MODES:
         raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
-    resp_ids, offsets = _response_tokens(tokenizer, sample.response)
+    resp_ids, offsets = response or _response_tokens(tokenizer, sample.response)
     if len(resp_ids) >= max_tokens:
         raise InputError(
             f"the response alone has {len(resp_ids)} tokens, over the cap of {max_tokens - 1} of the scoring model "
@@ -346,16 +399,18 @@ def _checked_response(sample: Sample, tokenizer, input_mode: str, max_tokens: in
 
 
 def _fit_context(sample: Sample, tokenizer, input_mode: str, max_tokens: int, resp_ids, offsets, start: int,
-                 end: int) -> tuple[TokenView, int]:
+                 end: int, whole=None) -> tuple[TokenView, int]:
     """The view whose prompt holds, of the context, the characters ``start .. end`` less as many on the left as the
     cap needs (``cut_chars``: those characters counted from ``start``; ``cut_tokens``: the tokens they took), and
-    the prompt's length in tokens before any cut."""
+    the prompt's length in tokens before any cut. ``whole``: :func:`_prompt_tokens` of the whole prompt, where it is
+    at hand (then ``start .. end`` must be the whole context)."""
     prompt = sample.prompt
     ctx_start, ctx_end = sample.context_span or (0, len(prompt))
     cut, n_first = 0, None
     while True:
         text = prompt[:ctx_start] + prompt[start + cut:end] + prompt[ctx_end:]
-        prompt_ids, prompt_offsets = _prompt_tokens(tokenizer, text, input_mode)
+        prompt_ids, prompt_offsets = whole if whole is not None and not cut else \
+            _prompt_tokens(tokenizer, text, input_mode)
         n_first = len(prompt_ids) if n_first is None else n_first
         excess = len(prompt_ids) + len(resp_ids) - max_tokens
         if excess <= 0:

@@ -76,3 +76,12 @@ def read_ragtruth(root: str | Path | None = None, generator=None, split=None, qu
             )
         )
     return samples
+
+
+def seeded_sample(n: int | None = None, seed: int = 0) -> list[Sample]:
+    """``n`` answers of the official test split, a seeded sample (all of them with ``None`` or more than there are):
+    what every speed measure times."""
+    import random
+
+    pool = read_ragtruth(split="test")
+    return random.Random(seed).sample(pool, min(n or len(pool), len(pool)))

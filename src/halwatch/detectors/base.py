@@ -387,9 +387,14 @@ class Detector:
     def score(self, samples: list[Sample], progress: bool = False) -> np.ndarray:
         """Probability of hallucination of each sample's response."""
         self._require_fitted()
-        views = [v for s in samples for v in self._scorer().encode_windows(s)]
-        _, raw, _, _ = self.answer_outputs(views, self._signals([v.sample for v in views], progress, views))
-        return self.calibrator.transform(raw)
+        return self.calibrator.transform(self.answers(samples, progress)[1])
+
+    def answers(self, samples: list[Sample], progress: bool = False
+                ) -> tuple[list[TokenView], np.ndarray, list | None, np.ndarray]:
+        """:meth:`answer_outputs` of ``samples`` as ``halwatch score`` sees them: each in the windows of its long
+        context (:meth:`halwatch.scorer.Scorer.encode_windows`), one answer per sample."""
+        views = [v for found in self._scorer().encode_many(samples) for v in found]
+        return self.answer_outputs(views, self._signals([v.sample for v in views], progress, views))
 
     def predict(self, samples: list[Sample]) -> np.ndarray:
         return self.score(samples) >= self.threshold
@@ -469,9 +474,8 @@ class Detector:
 
     def spans(self, sample: Sample) -> list[dict]:
         """Character spans of ``sample.response`` that the detector flags: ``[{start, end, text, confidence}]``."""
-        views = self._scorer().encode_windows(sample)
         self._require_fitted()
-        (view,), raw, tokens, _ = self.answer_outputs(views, self._signals([sample] * len(views), views=views))
+        (view,), raw, tokens, _ = self.answers([sample])
         return self.token_spans(view, None if tokens is None else tokens[0],
                                 float(self.calibrator.transform(raw)[0]), self.min_span_confidence)
 

@@ -40,9 +40,7 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     rows = []
     for name in datasets:
         samples = [s for s in load_dataset(name)[0] if split_of(s) == split]
-        views = [v for s in samples for v in scorer.encode_windows(s)]  # as halwatch calibrate and score see them
-        signals = scorer.signals([v.sample for v in views], base.request(), progress=True, views=views)
-        raw = base.answer_outputs(views, signals)[1]
+        raw = base.answers(samples, progress=True)[1]  # as halwatch calibrate and score see them
         labels = np.array([s.label for s in samples])
         reached = []
         for seed in range(seeds):

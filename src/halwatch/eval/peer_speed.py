@@ -23,9 +23,9 @@ from pathlib import Path
 
 def write_answers(path: Path, n: int = 50, seed: int = 0) -> int:
     """``n`` RAGTruth test answers (a seeded sample) as halwatch's JSONL input; returns how many."""
-    from halwatch.eval.speed import ragtruth_answers
+    from halwatch.data.ragtruth import seeded_sample
 
-    samples = ragtruth_answers(n, seed)
+    samples = seeded_sample(n, seed)
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
             f.write(json.dumps({"id": s.id, "prompt": s.prompt, "response": s.response}) + "\n")

@@ -152,12 +152,12 @@ class Bench:
         if name not in self._data:
             samples, generator = load_dataset(name)
             kept, views = [], []
-            for s in samples:
-                try:
-                    views.append(self.scorer.encode(s))
+            for s, found in zip(samples, self.scorer.encode_many(samples, windows=False, keep_errors=True)):
+                if isinstance(found, InputError):
+                    log.warning("%s: dropped %s", name, found)
+                else:
+                    views += found
                     kept.append(s)
-                except InputError as err:
-                    log.warning("%s: dropped %s", name, err)
             self._data[name] = (kept, np.array([s.label for s in kept]), views, generator, {})
         kept, labels, views, generator, by_request = self._data[name]
         whitebox = whitebox_request(self.scorer.model)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+from halwatch.data.ragtruth import seeded_sample
+
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -123,21 +125,10 @@ def throughput(detector, samples, batch_size: int | None) -> float:
     scorer.batch_size = batch_size
     _sync()
     t0 = time.perf_counter()
-    views = [scorer.encode(s) for s in samples]
-    detector.verdicts(views, scorer.signals(samples, detector.request(), views=views))
+    views = [v for found in scorer.encode_many(samples) for v in found]
+    detector.verdicts(views, scorer.signals([v.sample for v in views], detector.request(), views=views))
     _sync()
     return len(samples) / (time.perf_counter() - t0)
-
-
-def ragtruth_answers(n: int | None = None, seed: int = 0) -> list:
-    """``n`` RAGTruth test answers, a seeded sample (all of them with ``None`` or more than there are): what every
-    speed measure times."""
-    import random
-
-    from halwatch.data.ragtruth import read_ragtruth
-
-    pool = read_ragtruth(split="test")
-    return random.Random(seed).sample(pool, min(n or len(pool), len(pool)))
 
 
 def plain_forward(scoring_model, views, batches) -> None:
@@ -158,7 +149,7 @@ def plain_forward(scoring_model, views, batches) -> None:
 def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
     """:func:`throughput` on ``n`` real RAGTruth test answers (a seeded sample), one at a time and in batches of
     similar length (the scorer's token budget), each after a warm-up on two of them."""
-    samples = ragtruth_answers(n, seed)
+    samples = seeded_sample(n, seed)
     out = {}
     for label, size in (("one_at_a_time", 1), ("batched", None)):
         throughput(detector, samples[:2], size)  # warm-up
@@ -196,7 +187,7 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     ``samples``: other answers to time instead (``n`` is then their number)."""
     scorer = detector._scorer()
     sm = scorer.model
-    samples = list(ragtruth_answers(n, seed) if samples is None else samples)
+    samples = list(seeded_sample(n, seed) if samples is None else samples)
     n = len(samples)
     samples.sort(key=lambda s: len(scorer.encode(s).input_ids))
     rows = []
@@ -233,7 +224,7 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     least 500 answers/s on one H100 and at least half the plain forward's rate."""
     scorer = detector._scorer()
     sm = scorer.model
-    samples = sorted(ragtruth_answers(n, seed) if samples is None else samples,
+    samples = sorted(seeded_sample(n, seed) if samples is None else samples,
                      key=lambda s: len(scorer.encode(s).input_ids))
     scorer.batch_size = None
     throughput(detector, samples[:8], None)  # warm-up
