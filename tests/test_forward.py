@@ -202,3 +202,15 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
     assert row["answers"] == 3 and row["batches"] == 1 and row["answers_per_s"] > 0
     assert row["ratio"] == pytest.approx(row["answers_per_s"] / row["plain_forward_answers_per_s"])
     assert "answers/s" in lines[-1] and "in 1 batches" in lines[-1]
+    # --parts phases: each phase timed, the inner ones within the outer ones, and every timed function put back
+    from halwatch.eval.speed import phases
+    from halwatch.scorer import Scorer
+
+    before = (forward.run, forward.to_host, Scorer.encode_many, type(detector).verdicts)
+    lines = []
+    spent = phases(detector, batch_size=3, out=lines.append, samples=answers)["ms_per_answer"]
+    assert (forward.run, forward.to_host, Scorer.encode_many, type(detector).verdicts) == before
+    assert all(v > 0 for v in spent.values())
+    assert spent["token statistics, hidden states"] < spent["forward pass with the capture"]
+    assert spent["token features"] + spent["token model"] < spent["detector: scores and spans"]
+    assert lines[-1].startswith("| - answer features |") and "answers/s with the timers on" in lines[0]

@@ -419,7 +419,8 @@ def cmd_generate(args) -> int:
 
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
-BENCH_PARTS = {"speed": ("lengths", "split", "batched", "peer"), "serve": ("throughput", "overload", "drain", "stream")}
+BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer"),
+               "serve": ("throughput", "overload", "drain", "stream")}
 BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "architectures")
 
 
@@ -440,7 +441,7 @@ def cmd_bench(args) -> int:
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
                   device=args.device, dtype=args.dtype, parts=args.parts or ("lengths", "split"),
-                  batches=args.batches, batched_answers=args.answers)
+                  batches=args.batches, batched_answers=args.answers, phase_batch=args.batch_size)
         return 0
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
@@ -574,7 +575,8 @@ def _add_bench_parser(sub) -> None:
                                      "per sequence length (lengths), and per answer the time inside and outside the "
                                      "model's forward for batches of RAGTruth answers (split), and answers/s of "
                                      "the whole scoring path in its own batches against a plain forward of the same "
-                                     "batches (batched); seconds per answer of halwatch and of LM-Polygraph's "
+                                     "batches (batched); milliseconds per answer of each phase of that path "
+                                     "(phases); seconds per answer of halwatch and of LM-Polygraph's "
                                      "white-box estimators, whole processes (peer).")
     s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
     s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"],
@@ -584,8 +586,10 @@ def _add_bench_parser(sub) -> None:
     s.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
                    help="split: batch sizes (default 1 8 32; 32 answers)")
     s.add_argument("--answers", type=int, default=None,
-                   help="batched: RAGTruth test answers to score (default all 450; a seeded sample when fewer); "
-                        "peer: answers for halwatch and LM-Polygraph, each a whole process (default 50)")
+                   help="batched, phases: RAGTruth test answers to score (default all 450; a seeded sample when "
+                        "fewer); peer: answers for halwatch and LM-Polygraph, each a whole process (default 50)")
+    s.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
+                   help="phases: answers per batch (default auto: as many as fit the scorer's token budget)")
     add_device_options(s)
 
     arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "

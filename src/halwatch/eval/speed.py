@@ -240,9 +240,74 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     return row
 
 
+#: What :func:`phases` times: ``(label, module or class, attribute)``; an indented label runs inside the one above.
+PHASES = (
+    ("tokenizing", "halwatch.scorer:Scorer", "encode_many"),
+    ("forward pass with the capture", "halwatch.models.forward", "run"),
+    ("  the capture's last step: Prim's algorithm left, results per answer", "halwatch.models.forward:_Capture",
+     "assemble"),
+    ("  token statistics, hidden states", "halwatch.models.forward", "_batch_outputs"),
+    ("  copies off the device", "halwatch.models.forward", "to_host"),
+    ("lexical support", "halwatch.scorer", "attach_support"),
+    ("detector: scores and spans", "halwatch.detectors.base:Detector", "verdicts"),
+    ("  token features", "halwatch.detectors.fused:Fused", "token_features"),
+    ("  token model", "halwatch.detectors.fused:Fused", "_token_probs"),
+    ("  answer features", "halwatch.detectors.fused:Fused", "answer_features"),
+)
+
+
+def phases(detector, n: int | None = None, batch_size: int | None = None, seed: int = 0, out=print,
+           samples=None) -> dict:
+    """Where the whole scoring path's time goes: each of :data:`PHASES` timed (the device synchronised before and
+    after each call) over one pass of ``n`` RAGTruth test answers (a seeded sample; all with ``None``) in batches of
+    ``batch_size`` (``None``: the scorer's token budget), after a warm-up on eight of them; milliseconds per
+    answer. The timers wait for the device, so the pass runs slower than without them: read the shares, not the
+    rate."""
+    import importlib
+
+    samples = list(seeded_sample(n, seed) if samples is None else samples)
+    scorer = detector._scorer()
+    throughput(detector, samples[:8], batch_size)  # warm-up
+    spent = {label: 0.0 for label, _, _ in PHASES}
+    patched = []
+
+    def timed(label, fn):
+        def wrapper(*args, **kwargs):
+            _sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _sync()
+                spent[label] += time.perf_counter() - t0
+        return wrapper
+
+    try:
+        for label, where, name in PHASES:
+            module, _, cls = where.partition(":")
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            patched.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, timed(label, getattr(owner, name)))
+        rate = throughput(detector, samples, batch_size)
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+    sm = scorer.model
+    out(f"\n{detector.name} on {len(samples)} RAGTruth test answers, batches of "
+        f"{batch_size or 'the token budget'} ({sm.device}, {sm.dtype}): {rate:.1f} answers/s with the timers on, "
+        f"{1e3 / rate:.2f} ms per answer")
+    out("| phase | ms per answer |")
+    out("|---|---|")
+    for label, seconds in spent.items():
+        out(f"| {label.replace('  ', '- ')} | {1e3 * seconds / len(samples):.2f} |")
+    return {"answers": len(samples), "answers_per_s": rate,
+            "ms_per_answer": {label.strip(): 1e3 * s / len(samples) for label, s in spent.items()}}
+
+
 def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: int = 3, out=print,
               device: str = "auto", dtype: str = "auto", answers: int = 32, parts=("lengths", "split"),
-              batches=(1, 8, 32), batched_answers: int | None = None) -> dict:
+              batches=(1, 8, 32), batched_answers: int | None = None, phase_batch: int | None = None) -> dict:
     import logging
 
     import torch
@@ -272,6 +337,8 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
             results["split"] = forward_split(default, answers, batches, out=out)
         if "batched" in parts:
             results["batched"] = batched_rate(default, batched_answers, repeats, out=out)
+        if "phases" in parts:
+            results["phases"] = phases(default, batched_answers, phase_batch, out=out)
         return results
     t_import, t_first, t_again = _load_seconds(model)
     out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
