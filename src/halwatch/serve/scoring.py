@@ -106,6 +106,10 @@ EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta 
            "response": "Insulin is produced by red blood cells in the bone marrow."}
 
 
+#: The longer warm-up answer: this many copies of :data:`EXAMPLE`'s response (about 100 response tokens).
+WARM_UP_SENTENCES = 8
+
+
 class Span(BaseModel):
     start: int
     end: int
@@ -162,8 +166,22 @@ def parse_items(body) -> list[ScoreItem]:
 
 
 #: What one answer costs beyond its tokens, in tokens (the fixed part of a forward pass and of the detector's
-#: work: about 0.09 s against 0.0018 s per token for the default on a 2-core CPU).
-ANSWER_OVERHEAD_TOKENS = 64
+#: work). With :data:`ATTENTION_TOKENS`, a least-squares fit of the default's time per answer on a 2-core CPU over
+#: contexts of 15-800 and responses of 15-420 tokens: 0.116 s + 1.29 ms per token + 3.4 us per response x total
+#: token, every answer within 12 % of its measured time. Tokens alone had answers of 400 response tokens cost 1.8x
+#: the seconds per token of the warm-up answer, so the first admissions of a flood of long answers under-estimated
+#: their time.
+ANSWER_OVERHEAD_TOKENS = 90
+
+#: The attention work (the capture's rows, MTop-Div, the lookback ratios) grows with response tokens x all tokens:
+#: one token of cost per ``ATTENTION_TOKENS`` of that product.
+ATTENTION_TOKENS = 384
+
+
+def view_cost(view) -> int:
+    """The cost of scoring one token view, in tokens of model work: its tokens, and its attention work in tokens."""
+    n = len(view.input_ids)
+    return n + view.n_response * n // ATTENTION_TOKENS
 
 
 @dataclass
@@ -181,7 +199,7 @@ class _Job:
 
     @property
     def cost(self) -> int:
-        return self.tokens + ANSWER_OVERHEAD_TOKENS
+        return sum(view_cost(v) for v in self.views) + ANSWER_OVERHEAD_TOKENS
 
 
 def pick_batch(lengths: list[int], size: int, tokens: int, padding: float) -> list[int]:
@@ -274,15 +292,21 @@ class ScoringService:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """Score one short example with every detector, so that the first request does not pay for the first
-        pass, and admission control starts from a measured seconds-per-token."""
+        """Score the example with every detector, so that the first request does not pay for the first pass, and
+        measure it and a longer answer (:data:`WARM_UP_SENTENCES` times its response), so that admission control
+        starts from the slower of two measured seconds-per-token. Measured on one short answer alone, a flood of
+        100-token answers ran 27-46 % slower per token than estimated, past the margin :class:`Worker` leaves."""
         for detector in self.detectors.values():
-            view = detector._scorer().encode(ScoreItem.model_validate(EXAMPLE).sample(0))
-            job = _Job(detector, [view], None, len(view.input_ids))
-            self.compute([job])  # cold: first launches, the capture's check; not what a request will cost
-            t0 = time.perf_counter()
-            self.compute([job])
-            self.worker.measured(job.cost, time.perf_counter() - t0)
+            jobs = []
+            for sentences in (1, WARM_UP_SENTENCES):
+                item = {**EXAMPLE, "response": " ".join([EXAMPLE["response"]] * sentences)}
+                view = detector._scorer().encode(ScoreItem.model_validate(item).sample(0))
+                jobs.append(_Job(detector, [view], None, len(view.input_ids)))
+            self.compute(jobs[:1])  # cold: first launches, the capture's check; not what a request will cost
+            for job in jobs:
+                t0 = time.perf_counter()
+                self.compute([job])
+                self.worker.measured(job.cost, time.perf_counter() - t0)
 
     def describe(self) -> list[dict]:
         out = []
