@@ -31,6 +31,7 @@ def test_signals_match_eager_reference(smol, probe, mode):
     p = view.n_prompt
     for i, (layer, head) in enumerate(heads):
         np.testing.assert_allclose(sig.attention[i], ref.attentions[layer][0, head, p:].numpy(), atol=2e-5)
+    assert view.n_response > 2 * forward._logit_rows(ref.logits)  # normalised in several pieces (on a CPU)
     logp = torch.log_softmax(ref.logits[0, p - 1 : -1].float(), -1)
     target = torch.tensor(view.input_ids[p:])
     np.testing.assert_allclose(sig.logprobs, logp.gather(1, target[:, None])[:, 0].numpy(), atol=1e-4)

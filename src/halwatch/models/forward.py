@@ -637,9 +637,21 @@ def to_host(tensors: dict) -> dict:
     return {k: t.numpy() for k, t in host.items()}
 
 
-#: Response rows whose next-token distributions are normalised at a time: bounds the float32 copy of the logits
-#: (100 MB for a 49,152-token vocabulary), which on a CPU ran slower in larger pieces.
+#: Response rows whose next-token distributions are normalised at a time on a GPU: bounds the float32 copy of the
+#: logits (100 MB for a 49,152-token vocabulary).
 LOGIT_ROWS = 512
+
+#: On a CPU, the float32 logits normalised at a time: pieces that stay in the cache. For 220 response rows of a
+#: 49,152-token vocabulary on a 2-core EPYC (1 MB L2 per core, 32 MB L3) the log-probabilities and entropies took
+#: 48 ms in pieces of 512 rows (100 MB), 20 ms in pieces of 64 and 11 ms in pieces of 16 (3 MB), the same numbers.
+CPU_LOGIT_BYTES = 4 << 20
+
+
+def _logit_rows(logits) -> int:
+    """How many rows of ``logits`` (``[..., vocabulary]``) to normalise at a time on their device."""
+    if logits.device.type != "cpu":
+        return LOGIT_ROWS
+    return max(1, CPU_LOGIT_BYTES // (4 * logits.shape[-1]))
 
 
 def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: int, first_logit: int) -> dict:
@@ -661,12 +673,13 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
         target = on_device([t for v in views for t in v.input_ids[v.n_prompt:]], device)
         logprobs, entropy = [], []
         done = 0  # response tokens of the samples before this one
+        step = _logit_rows(out.logits)
         for b, v in enumerate(views):  # each sample's rows are one slice of its logits: no copy of them
             rows = out.logits[b, v.n_prompt - 1 - first_logit : len(v.input_ids) - 1 - first_logit].detach()
-            for lo in range(0, len(rows), LOGIT_ROWS):
-                logp = torch.log_softmax(rows[lo:lo + LOGIT_ROWS].float(), -1)
+            for lo in range(0, len(rows), step):
+                logp = torch.log_softmax(rows[lo:lo + step].float(), -1)
                 logprobs.append(logp.gather(1, target[done + lo : done + lo + len(logp), None])[:, 0])
-                entropy.append(-(logp.exp() * logp).sum(-1))
+                entropy.append(-logp.exp().mul_(logp).sum(-1))  # p log p, in p's own memory
             done += v.n_response
         fields["logprobs"], fields["entropy"] = torch.cat(logprobs), torch.cat(entropy)
 
