@@ -174,7 +174,11 @@ def test_tokenizing_many_together_gives_the_views_of_one_at_a_time(smol, probe, 
             assert [(v.input_ids, v.n_prompt, v.n_header, v.offsets, v.cut_chars, v.cut_tokens, v.window, v.kept)
                     for v in a] == [(v.input_ids, v.n_prompt, v.n_header, v.offsets, v.cut_chars, v.cut_tokens,
                                      v.window, v.kept) for v in b]
+    mixed = [samples[0], Sample(prompt="Q?", response="word " * 400, id="too-long"), samples[1]]
     with pytest.raises(InputError, match="id=too-long"):
-        encode_many([samples[0], Sample(prompt="Q?", response="word " * 400, id="too-long")], smol.tokenizer,
-                    mode, 300)
+        encode_many(mixed, smol.tokenizer, mode, 300)
+    kept = encode_many(mixed, smol.tokenizer, mode, 300, keep_errors=True)  # the failing one in its place
+    assert isinstance(kept[1], InputError) and "id=too-long" in str(kept[1])
+    assert [kept[0][0].input_ids, kept[2][0].input_ids] == [encode(s, smol.tokenizer, mode, 300).input_ids
+                                                            for s in (samples[0], samples[1])]
     assert encode_many([], smol.tokenizer, mode) == []

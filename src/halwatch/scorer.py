@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 from halwatch.cache import SignalCache, signal_key
-from halwatch.errors import InputError
 from halwatch.models import forward, registry
 from halwatch.models.forward import SignalRequest, Signals, attach_support
 from halwatch.models.loader import ScoringModel, load_model
@@ -97,20 +96,8 @@ class Scorer:
         """Every sample's views, tokenized together (:func:`halwatch.tokens.encode_many`): those of
         :meth:`encode_windows`, or with ``windows=False`` :meth:`encode`'s one view. A sample that cannot be encoded
         raises its :class:`~halwatch.errors.InputError`, or with ``keep_errors`` gets it in its place."""
-        n = self.windows if windows else 1
-        tok = self.model.tokenizer
-        try:
-            return encode_many(samples, tok, self.input_mode, self.max_tokens, n)
-        except InputError:
-            if not keep_errors:
-                raise
-        out = []
-        for sample in samples:  # one at a time, to tell which fail
-            try:
-                out.append(encode_many([sample], tok, self.input_mode, self.max_tokens, n)[0])
-            except InputError as exc:
-                out.append(exc)
-        return out
+        return encode_many(samples, self.model.tokenizer, self.input_mode, self.max_tokens,
+                           self.windows if windows else 1, keep_errors)
 
     def _check(self, request: SignalRequest) -> None:
         m = self.model

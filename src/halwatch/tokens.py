@@ -267,23 +267,30 @@ def encode(sample: Sample, tokenizer, input_mode: str = "raw", max_tokens: int =
 
 
 def encode_many(samples: list[Sample], tokenizer, input_mode: str = "raw", max_tokens: int = DEFAULT_MAX_TOKENS,
-                max_windows: int = 1) -> list[list[TokenView]]:
+                max_windows: int = 1, keep_errors: bool = False) -> list:
     """:func:`encode_windows` of every sample (with ``max_windows=1``, :func:`encode`'s one view each): the same
     views, with the responses tokenized in one call and the prompts in another (raw mode), where each sample alone
     would take two or three calls. A prompt that does not fit is cut as :func:`encode` cuts it. Raises the first
-    sample's :class:`InputError`, as encoding them one by one would."""
+    sample's :class:`InputError`, as encoding them one by one would; with ``keep_errors``, a failing sample gets
+    its error in its place."""
     if input_mode not in INPUT_MODES:
         raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
     if not samples:
         return []
     responses = _responses_tokens(tokenizer, [s.response for s in samples])
-    whole = [i for i, s in enumerate(samples) if not _precut(s, max_tokens)]  # the rest is cut before tokenizing
+    precuts = [_precut(s, max_tokens) for s in samples]
+    whole = [i for i, cut in enumerate(precuts) if not cut]  # the rest is cut before tokenizing
     prompts = dict(zip(whole, _prompts_tokens(tokenizer, [samples[i].prompt for i in whole], input_mode)))
     out = []
     for i, sample in enumerate(samples):
-        first = _encode(sample, tokenizer, input_mode, max_tokens, responses[i], prompts.get(i))
-        out.append(_windows(sample, tokenizer, input_mode, max_tokens, max_windows, first) if max_windows > 1
-                   else [_logged(first, max_tokens)])
+        try:
+            first = _encode(sample, tokenizer, input_mode, max_tokens, responses[i], prompts.get(i), precuts[i])
+            out.append(_windows(sample, tokenizer, input_mode, max_tokens, max_windows, first) if max_windows > 1
+                       else [_logged(first, max_tokens)])
+        except InputError as exc:
+            if not keep_errors:
+                raise
+            out.append(exc)
     return out
 
 
@@ -300,16 +307,18 @@ def _logged(view: TokenView, max_tokens: int) -> TokenView:
     return view
 
 
-def _encode(sample: Sample, tokenizer, input_mode: str, max_tokens: int, response=None, prompt=None) -> TokenView:
+def _encode(sample: Sample, tokenizer, input_mode: str, max_tokens: int, response=None, prompt=None,
+            precut: int | None = None) -> TokenView:
     """:func:`encode` without its warning; ``response``: the response's tokens and offsets where they are at hand;
-    ``prompt``: the whole prompt's tokens (and raw offsets), where they are at hand (only with no precut)."""
+    ``prompt``: the whole prompt's tokens (and raw offsets), where they are at hand (only with no precut);
+    ``precut``: :func:`_precut`, where it is at hand."""
     resp_ids, offsets = _checked_response(sample, tokenizer, input_mode, max_tokens, response)
     ctx_start, ctx_end = sample.context_span or (0, len(sample.prompt))
     # A context far longer than the cap loses its left part before it is tokenized (so that a megabyte of context
     # costs milliseconds): what is kept holds at least PRECUT_CHARS_PER_TOKEN characters per token of the cap, more
     # than any tokenizer's tokens span, so the cut below still happens inside it; the count of tokens dropped this
     # way is estimated from the characters per token of what is kept.
-    precut = _precut(sample, max_tokens)
+    precut = _precut(sample, max_tokens) if precut is None else precut
     view, n_first = _fit_context(sample, tokenizer, input_mode, max_tokens, resp_ids, offsets, ctx_start + precut,
                                  ctx_end, None if precut else prompt)
     view.cut_tokens += round(precut * n_first / max(1, len(sample.prompt) - precut))

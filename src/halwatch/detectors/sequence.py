@@ -47,17 +47,23 @@ def _module(n_in: int, hidden: int):
     return Net()
 
 
-def _batch(x: list[np.ndarray], mean, std, rows, device="cpu"):
-    """``(inputs [B, T, F] on device, lengths)`` of answers ``rows`` of ``x``, standardised on the device (the
-    padding is standardised too; the network never reads it)."""
+def _scale(mean, std, device="cpu"):
+    """``[2, F]`` on ``device``: the inputs' mean and standard deviation, for :func:`_batch`."""
+    import torch
+
+    return torch.from_numpy(np.stack([mean, std]).astype(np.float32)).to(device)
+
+
+def _batch(x: list[np.ndarray], scale, rows):
+    """``(inputs [B, T, F] on scale's device, lengths)`` of answers ``rows`` of ``x``, standardised there by
+    ``scale`` (:func:`_scale`; the padding is standardised too, and the network never reads it)."""
     import torch
 
     lengths = [len(x[i]) for i in rows]
-    out = np.zeros((len(rows), max(lengths), len(mean)), dtype=np.float32)
+    out = np.zeros((len(rows), max(lengths), scale.shape[1]), dtype=np.float32)
     for k, i in enumerate(rows):
         out[k, :lengths[k]] = x[i]
-    scale = torch.from_numpy(np.stack([mean, std])).to(device, non_blocking=True)
-    return (torch.from_numpy(out).to(device, non_blocking=True) - scale[0]) / scale[1], torch.tensor(lengths)
+    return (torch.from_numpy(out).to(scale.device, non_blocking=True) - scale[0]) / scale[1], torch.tensor(lengths)
 
 
 def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: int = EPOCHS, seed: int = 0) -> dict:
@@ -72,6 +78,7 @@ def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: 
     del stacked
     mean, std = mean.astype(np.float32), std.astype(np.float32)
     net = _module(x[0].shape[1], hidden)
+    scale = _scale(mean, std)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
     order = np.argsort([len(t) for t in x], kind="stable")
     chunks = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
@@ -79,7 +86,7 @@ def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: 
     for _ in range(epochs):
         for k in rng.permutation(len(chunks)):
             rows = chunks[k]
-            batch, lengths = _batch(x, mean, std, rows)
+            batch, lengths = _batch(x, scale, rows)
             target = torch.zeros(batch.shape[:2])
             mask = torch.zeros(batch.shape[:2])
             for j, i in enumerate(rows):
@@ -101,7 +108,7 @@ _NETS: dict[int, tuple] = {}
 
 
 def _loaded(model: dict, device="cpu"):
-    """``(network, mean, std)`` of a fitted token model, in evaluation mode, on ``device``."""
+    """``(network, scale)`` of a fitted token model, in evaluation mode, on ``device`` (scale: :func:`_scale`)."""
     import torch
 
     key = (id(model["state"]), str(device))
@@ -110,10 +117,10 @@ def _loaded(model: dict, device="cpu"):
         net = _module(model["n_in"], model["hidden"])
         net.load_state_dict({k: torch.tensor(unpack(v), dtype=torch.float32) for k, v in model["state"].items()})
         net.to(device).eval()
-        mean, std = unpack(model["mean"]).astype(np.float32), unpack(model["std"]).astype(np.float32)
+        scale = _scale(unpack(model["mean"]), unpack(model["std"]), device)
         if len(_NETS) >= 8:
             _NETS.clear()
-        entry = _NETS[key] = (model["state"], net, mean, std)
+        entry = _NETS[key] = (model["state"], net, scale)
     return entry[1:]
 
 
@@ -122,12 +129,12 @@ def logodds(model: dict, x: list[np.ndarray], device="cpu") -> list[np.ndarray]:
     GPU a batch of answers costs about one CPU answer)."""
     import torch
 
-    net, mean, std = _loaded(model, device)
+    net, scale = _loaded(model, device)
     out = []
     with torch.no_grad():
         for start in range(0, len(x), BATCH):
             rows = list(range(start, min(start + BATCH, len(x))))
-            batch, lengths = _batch(x, mean, std, rows, device)
+            batch, lengths = _batch(x, scale, rows)
             z = net(batch, lengths).cpu().numpy().astype(float)
             out += [z[k, :lengths[k]] for k in range(len(rows))]
     return out

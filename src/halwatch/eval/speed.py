@@ -157,6 +157,13 @@ def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
     return out
 
 
+def _by_length(scorer, samples) -> tuple[list, list]:
+    """``(samples, their views)`` sorted by length in tokens, as ``halwatch score`` batches them (little padding)."""
+    views = [scorer.encode(s) for s in samples]
+    order = sorted(range(len(views)), key=lambda i: len(views[i].input_ids))
+    return [samples[i] for i in order], [views[i] for i in order]
+
+
 class ForwardClock:
     """Seconds spent inside ``model``'s forward (everything between its forward pre-hook and its forward hook,
     the attention capture included), summed over calls, with the device synchronised at both ends."""
@@ -187,9 +194,8 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     ``samples``: other answers to time instead (``n`` is then their number)."""
     scorer = detector._scorer()
     sm = scorer.model
-    samples = list(seeded_sample(n, seed) if samples is None else samples)
+    samples, views = _by_length(scorer, seeded_sample(n, seed) if samples is None else samples)
     n = len(samples)
-    samples.sort(key=lambda s: len(scorer.encode(s).input_ids))
     rows = []
     for size in batches:
         scorer.batch_size = size
@@ -199,7 +205,6 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
             total = n / throughput(detector, samples, size)
         finally:
             clock.close()
-        views = [scorer.encode(s) for s in samples]
         batched = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
         plain_s = _timed(lambda: plain_forward(sm, views, batched), 1, warm_up=False)
         row = {"batch": size, "answers": n, "total_s": total / n, "inside_s": clock.seconds / n,
@@ -224,12 +229,10 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     least 500 answers/s on one H100 and at least half the plain forward's rate."""
     scorer = detector._scorer()
     sm = scorer.model
-    samples = sorted(seeded_sample(n, seed) if samples is None else samples,
-                     key=lambda s: len(scorer.encode(s).input_ids))
+    samples, views = _by_length(scorer, seeded_sample(n, seed) if samples is None else samples)
     scorer.batch_size = None
     throughput(detector, samples[:8], None)  # warm-up
     whole = sorted(throughput(detector, samples, None) for _ in range(repeats))[repeats // 2]
-    views = [scorer.encode(s) for s in samples]
     batches = scorer.batches([len(v.input_ids) for v in views])
     forward_rate = len(samples) / _timed(lambda: plain_forward(sm, views, batches), repeats)
     row = {"answers": len(samples), "batches": len(batches), "answers_per_s": whole,
