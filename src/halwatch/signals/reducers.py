@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from halwatch.signals import prim_kernel
+
 
 def on_device(values, device, dtype=None):
     """A tensor of ``values`` (a sequence or NumPy array; ``long`` unless ``dtype``) on ``device``, copied without
@@ -215,9 +217,17 @@ def _prim(dist, key, blocked):
     the weight of the edge by which each node joins its tree, ``[T, N]`` (0 for padding).
 
     Once a tree holds all its nodes, its remaining steps pick a node already in it and write that node's weight
-    again: ``key`` no longer changes there, so the result is the same."""
+    again: ``key`` no longer changes there, so the result is the same.
+
+    On a GPU with Triton, one launch grows every tree (:mod:`halwatch.signals.prim_kernel`, the same picks); this
+    loop is the reference, the CPU path and the fallback."""
     import torch
 
+    if dist.is_cuda and prim_kernel.kernel() is not None:
+        try:
+            return prim_kernel.prim(dist, key, blocked)
+        except Exception as exc:  # a Triton that cannot compile for this device: the loop below still works
+            prim_kernel.disable(f"{type(exc).__name__}: {exc}")
     n_trees, n = key.shape
     trees = torch.arange(n_trees, device=key.device)
     padding = torch.isinf(blocked)
@@ -237,6 +247,17 @@ def _distance(w):
     return 1.0 - w.clamp(0.0, 1.0)
 
 
+def _prim_of_weights(block, key, blocked):
+    """:func:`_prim` on the distances ``1 - max(w_ij, w_ji)`` of attention weights ``block [T, N, N]``: the GPU
+    kernel makes them as it reads each row; elsewhere they are made here."""
+    if block.is_cuda and prim_kernel.kernel() is not None:
+        try:
+            return prim_kernel.prim(block, key, blocked, weights=True)
+        except Exception as exc:
+            prim_kernel.disable(f"{type(exc).__name__}: {exc}")
+    return _prim(_distance(block.maximum(block.transpose(1, 2))), key, blocked)
+
+
 def _padding(valid, heads: int):
     """``[B, H, N]``: 0 where ``valid [B, N]``, ``inf`` elsewhere (Prim's ``blocked``)."""
     import torch
@@ -249,9 +270,10 @@ def _mtopdiv_finish(partials: list[dict]) -> dict:
     """Prim's algorithm once for the heads of several layers of every sample (their root and pairwise distances)."""
     import torch
 
-    dist, key, blocked = (torch.cat([p[name] for p in partials], dim=1) for name in ("dist", "key", "blocked"))
+    block, key, blocked = (torch.cat([p[name] for p in partials], dim=1) for name in ("block", "key", "blocked"))
     b, h, n = key.shape
-    weights = _prim(dist.reshape(b * h, n, n), key.reshape(b * h, n), blocked.reshape(b * h, n)).reshape(b, h, n)
+    weights = _prim_of_weights(block.reshape(b * h, n, n), key.reshape(b * h, n), blocked.reshape(b * h, n)
+                               ).reshape(b, h, n)
     size = torch.isfinite(blocked).sum(-1).clamp(min=1).to(weights.dtype)
     return {"d": weights.sum(-1) / size, "token_weights": weights}
 
@@ -263,13 +285,13 @@ def mtopdiv(rows: Rows) -> dict:
     since a prompt token never attends to a response token) and response-response distances ``1 - max(w_ab,
     w_ba)``. ``d [B, H]`` = MTop-Div / |R| and ``token_weights [B, H, R]``, the forest edge by which each response
     token is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
-    distances are computed; Prim's algorithm runs on the heads of several layers of all samples at once
-    (:func:`_mtopdiv_finish`).
+    root distances and the weights among response tokens are picked; Prim's algorithm runs on the heads of several
+    layers of all samples at once (:func:`_mtopdiv_finish`), on distances made from those weights as it reads them
+    (on a GPU) or just before (on a CPU).
     """
     w = rows.response()
     on_prompt = (_keys(rows)[None, :] < rows.tensor("n_prompt")[:, None])[:, None, None, :]
-    block = rows.response_keys(w)
-    return {"key": _distance((w * on_prompt).amax(-1)), "dist": _distance(block.maximum(block.transpose(2, 3))),
+    return {"key": _distance((w * on_prompt).amax(-1)), "block": rows.response_keys(w),
             "blocked": _padding(rows.valid(), w.shape[1])}
 
 
