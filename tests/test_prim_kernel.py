@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from halwatch.signals import prim_kernel, reducers
+from halwatch.signals import prim_kernel, reducers, triton_kernels
 from halwatch.signals.topology import mtopdiv
 
 
@@ -95,7 +95,7 @@ def check_dispatch(device):
     real = prim_kernel.prim
     calls, warned = [], []
     prim_kernel.prim = lambda *a: calls.append(1) or real(*a)
-    prim_kernel.log.warning = lambda *a: warned.append(a[0] % a[1:])
+    triton_kernels.log.warning = lambda *a: warned.append(a[0] % a[1:])
     try:
         if device == "cuda":
             got = reducers._prim(dist.cuda(), key.cuda(), blocked.cuda()).cpu()
@@ -109,13 +109,13 @@ def check_dispatch(device):
             assert torch.equal(got, want)
             assert warned == ["Prim's algorithm falls back to the torch loop: RuntimeError: no compiler for "
                               "this device"]
-            assert prim_kernel.kernel() is None  # once: the loop from now on
+            assert prim_kernel.KERNEL.get() is None  # once: the loop from now on
         else:  # a CPU tensor never takes the kernel, even with Triton installed
             assert torch.equal(reducers._prim(dist, key, blocked), want) and not calls and not warned
     finally:
         prim_kernel.prim = real
-        del prim_kernel.log.warning
-        prim_kernel._KERNEL = None
+        del triton_kernels.log.warning
+        prim_kernel.KERNEL.reset()
 
 
 if __name__ == "__main__":  # one check in this process: python tests/test_prim_kernel.py NAME ARGS...

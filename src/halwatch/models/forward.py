@@ -24,7 +24,7 @@ from halwatch.models.masking import attention_probs, explicit_attention
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
-from halwatch.signals import support
+from halwatch.signals import rows_kernel, support
 from halwatch.signals.reducers import REDUCERS, Rows, on_device
 from halwatch.tokens import TokenView, tail_start
 
@@ -264,6 +264,7 @@ class _Capture:
         self.seen: set[int] = set()  # layers whose rows were captured
         self.budget: int | None = None
         self.head_index: dict = {}  # (layer, device) -> the layer's requested heads, on the device
+        self.plain_mask: dict = {}  # id(mask) -> (mask, whether it is the plain causal mask of the batch)
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
@@ -288,6 +289,13 @@ class _Capture:
             size = CPU_GROUP if query.device.type == "cpu" and CPU_GROUP else len(self.views)
             self.groups = [_Group(list(range(b, min(b + size, len(self.views)))), self.views,
                                   self.request.attention_from) for b in range(0, len(self.views), size)]
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        if self._fusable(query, attention_mask, softcap):
+            try:
+                return self._record_statistics(layer, query, key, heads, scaling)
+            except Exception as exc:  # a Triton that cannot compile for this device: the torch path still works
+                rows_kernel.KERNEL.drop(exc)
         per_kv = query.shape[1] // key.shape[1]  # query heads per key head
         if heads == list(range(query.shape[1])):  # every head: no copies; the key heads are
             q_sel, k_sel = query, key  # shared by their query heads in the product (_record_group)
@@ -297,8 +305,6 @@ class _Capture:
             h_idx = self.head_index[layer, query.device]
             q_sel = query.index_select(1, h_idx)
             k_sel = key.index_select(1, torch.div(h_idx, per_kv, rounding_mode="floor"))
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
         for group in self.groups:
             if len(group.index) == query.shape[0]:
                 q, k, mask = q_sel, k_sel, attention_mask
@@ -332,16 +338,47 @@ class _Capture:
         rows.probs = attention_probs(scores, scaling, softcap, mask, positions[:, None, :, None])
         if self.request.keep_attention:
             group.kept[layer] = rows.probs if self.request.attention_from == "all" else rows.response()
-        for name in self.request.reducers:
-            spec, out = REDUCERS[name], REDUCERS[name].fn(rows)
-            if spec.finish is None:
+        self._keep(group, {name: REDUCERS[name].fn(rows) for name in self.request.reducers}, q_sel)
+        rows.probs = None
+
+    def _keep(self, group: _Group, outputs: dict, like) -> None:
+        """Keep one layer's reducer outputs; a reducer with ``finish`` waits until its partials reach the budget."""
+        for name, out in outputs.items():
+            if REDUCERS[name].finish is None:
                 group.reduced.setdefault(name, []).append(out)
                 continue
             waiting = group.partial.setdefault(name, [])
             waiting.append(out)
-            if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > self._budget(q_sel):
+            if sum(t.numel() * t.element_size() for p in waiting for t in p.values()) > self._budget(like):
                 self._finish(group, name)
-        rows.probs = None
+
+    def _fusable(self, query, attention_mask, softcap) -> bool:
+        """Whether this layer's reducers can come from the GPU kernel's statistics (:mod:`halwatch.signals.
+        rows_kernel`): on a GPU with Triton, the whole batch in one group, rows of the response only and not kept,
+        no cached prefix, no soft-capping, reducers the statistics serve, and the layer's mask the plain causal
+        mask of a right-padded batch (checked once per mask)."""
+        if not (query.is_cuda and not softcap and self.offset == 0 and len(self.groups) == 1
+                and self.request.attention_from == "response" and not self.request.keep_attention
+                and set(self.request.reducers) <= set(reducer_lib.FROM_STATISTICS)
+                and rows_kernel.KERNEL.get() is not None):
+            return False
+        if id(attention_mask) not in self.plain_mask:
+            self.plain_mask[id(attention_mask)] = (attention_mask, _plain_causal(attention_mask, self.groups[0]))
+        return self.plain_mask[id(attention_mask)][1]
+
+    def _record_statistics(self, layer: int, query, key, heads, scaling) -> None:
+        """:meth:`_record_group` through the GPU kernel: the rows are never made."""
+        import torch
+
+        group = self.groups[0]
+        rows = group.rows
+        rows.device = query.device
+        if (layer, "int32") not in self.head_index:
+            self.head_index[layer, "int32"] = on_device(heads, query.device, torch.int32)
+        layout = [rows.tensor(name).to(torch.int32) for name in ("n_prompt", "length")]
+        stats = rows_kernel.rows(query, key, self.head_index[layer, "int32"], layout[0],
+                                 reducer_lib.context_length(rows).to(torch.int32), layout[1], rows.r_max, scaling)
+        self._keep(group, reducer_lib.from_statistics(rows, stats, self.request.reducers), query)
 
     @staticmethod
     def _finish(group: _Group, name: str) -> None:
@@ -375,6 +412,26 @@ class _Capture:
                     attention = kept[j, :, :n_rows, :length].copy()
                 results[b] = (attention, reduced)
         return results
+
+
+def _plain_causal(mask, group: _Group) -> bool:
+    """Whether a layer's mask (``None``, boolean or additive ``[B or 1, heads or 1, T, K]``) lets the query at each
+    real position ``p`` of sample ``b`` see exactly the keys ``k <= p`` with ``k < length[b]`` (right padding, no
+    sliding window), as :mod:`halwatch.signals.rows_kernel` assumes. One wait for the device."""
+    import torch
+
+    if mask is None:  # the model's causal mask, no padding
+        return True
+    longest = max(group.lengths)
+    if mask.dim() != 4 or mask.shape[-2] < longest or mask.shape[-1] < longest:
+        return False
+    mask = mask[..., :longest, :longest]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    pos = torch.arange(longest, device=mask.device)
+    length = on_device(group.lengths, mask.device)[:, None, None, None]
+    expected = (pos[None, None, None, :] <= pos[None, None, :, None]) & (pos[None, None, None, :] < length)
+    real_row = pos[None, None, :, None] < length
+    return bool(((allowed == expected) | ~real_row).all())
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -15,18 +15,14 @@ missing or cannot compile for the device.
 
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger("halwatch")
-
-_KERNEL = None  # the compiled-on-demand Triton kernel; False once Triton proved unusable here
+from halwatch.signals.triton_kernels import Kernel
 
 
-def _make_kernel():
+def _make():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n"])  # no recompilation for each size's divisibility by 16
     def prim_kernel(dist_ptr, key_ptr, blocked_ptr, out_ptr, n, WEIGHTS: tl.constexpr, BLOCK: tl.constexpr):
         tree = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -52,15 +48,7 @@ def _make_kernel():
     return prim_kernel
 
 
-def kernel():
-    """The Triton kernel, or ``None`` where Triton is not installed."""
-    global _KERNEL
-    if _KERNEL is None:
-        try:
-            _KERNEL = _make_kernel()
-        except ImportError:
-            _KERNEL = False
-    return _KERNEL or None
+KERNEL = Kernel(_make, "Prim's algorithm falls back to the torch loop")
 
 
 def prim(dist, key, blocked, weights: bool = False):
@@ -71,7 +59,7 @@ def prim(dist, key, blocked, weights: bool = False):
     passes over ``[T, N, N]`` fewer). Raises where Triton cannot run here (the caller falls back)."""
     import torch
 
-    run = kernel()
+    run = KERNEL.get()
     if run is None:
         raise RuntimeError("Triton is not installed")
     n_trees, n = key.shape
@@ -84,11 +72,3 @@ def prim(dist, key, blocked, weights: bool = False):
     run[(n_trees,)](dist.float().contiguous(), key.float().contiguous(), blocked.float().contiguous(), out, n,
                     WEIGHTS=weights, BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return out.to(key.dtype)
-
-
-def disable(reason: str) -> None:
-    """Stop using the kernel in this process (the torch loop takes over), saying why once."""
-    global _KERNEL
-    if _KERNEL is not False:
-        log.warning("Prim's algorithm falls back to the torch loop: %s", reason)
-    _KERNEL = False

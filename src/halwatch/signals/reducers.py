@@ -53,6 +53,7 @@ class Rows:
     row_start: tuple
     length: tuple
     probs: object = None  # torch.Tensor [B, H, Q, K]
+    device: object = None  # where the layout's tensors go when there are no ``probs`` (the GPU kernel's path)
 
     def __post_init__(self):
         self._tensors = {}
@@ -71,18 +72,23 @@ class Rows:
     def tensor(self, name: str):
         """``[B]`` long tensor of a layout field (or ``n_response``) on the device of ``probs``."""
 
-        key = (name, self.probs.device)
+        key = (name, self.where)
         if key not in self._tensors:
             values = ([n - p for n, p in zip(self.length, self.n_prompt)] if name == "n_response"
                       else getattr(self, name))
-            self._tensors[key] = on_device(values, self.probs.device)
+            self._tensors[key] = on_device(values, self.where)
         return self._tensors[key]
+
+    @property
+    def where(self):
+        """The device of ``probs``, or ``device`` without them."""
+        return self.device if self.probs is None else self.probs.device
 
     def valid(self):
         """``[B, R_max]`` bool: response token ``i`` exists in sample ``b``."""
         import torch
 
-        return torch.arange(self.r_max, device=self.probs.device)[None, :] < self.tensor("n_response")[:, None]
+        return torch.arange(self.r_max, device=self.where)[None, :] < self.tensor("n_response")[:, None]
 
     def of_queries(self, first: tuple):
         """``[B, H, R_max, K]``: the rows of the queries at absolute positions ``first[b] + i``, ``i < R_max``
@@ -182,17 +188,27 @@ def lookback(rows: Rows) -> dict:
     import torch
 
     w = rows.steps()
-    n_prompt = rows.tensor("n_prompt")
-    n_ctx = n_prompt - rows.tensor("n_header").clamp(min=1)  # [B]
-    on_ctx_key = _keys(rows)[None, :] < n_ctx[:, None]  # [B, K]
+    on_ctx_key = _keys(rows)[None, :] < context_length(rows)[:, None]  # [B, K]
     # both sums of every row in one product with [context key, new key] indicator columns: one pass, no copies
     sums = torch.matmul(w, torch.stack([on_ctx_key, ~on_ctx_key], dim=-1).to(w.dtype)[:, None])  # [B, H, R, 2]
-    ctx_sum, new_sum = sums[..., 0], sums[..., 1]
-    steps = torch.arange(rows.r_max, device=w.device)[None, :]
+    return _lookback_ratio(rows, sums[..., 0], sums[..., 1])
+
+
+def context_length(rows: Rows):
+    """``[B]``: the context's length for Lookback Lens, the prompt without the answer header (or its last token)."""
+    return rows.tensor("n_prompt") - rows.tensor("n_header").clamp(min=1)
+
+
+def _lookback_ratio(rows: Rows, ctx_sum, new_sum) -> dict:
+    """:func:`lookback`'s ratio from each step's weight on the context and on the new tokens, ``[B, H, R]``."""
+    import torch
+
+    n_prompt, n_ctx = rows.tensor("n_prompt"), context_length(rows)
+    steps = torch.arange(ctx_sum.shape[-1], device=ctx_sum.device)[None, :]
     queries = n_prompt[:, None] - 1 + steps  # [B, R]
-    on_context = torch.where(n_ctx[:, None, None] > 0, ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(w.dtype),
-                             torch.zeros_like(ctx_sum))
-    on_new = new_sum / (queries - n_ctx[:, None] + 1).to(w.dtype)[:, None, :]
+    on_context = torch.where(n_ctx[:, None, None] > 0,
+                             ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(ctx_sum.dtype), torch.zeros_like(ctx_sum))
+    on_new = new_sum / (queries - n_ctx[:, None] + 1).to(ctx_sum.dtype)[:, None, :]
     total = on_context + on_new
     return {"ratio": torch.where(total > 0, on_context / total.clamp_min(1e-30), torch.full_like(total, 0.5))}
 
@@ -223,11 +239,11 @@ def _prim(dist, key, blocked):
     loop is the reference, the CPU path and the fallback."""
     import torch
 
-    if dist.is_cuda and prim_kernel.kernel() is not None:
+    if dist.is_cuda and prim_kernel.KERNEL.get() is not None:
         try:
             return prim_kernel.prim(dist, key, blocked)
         except Exception as exc:  # a Triton that cannot compile for this device: the loop below still works
-            prim_kernel.disable(f"{type(exc).__name__}: {exc}")
+            prim_kernel.KERNEL.drop(exc)
     n_trees, n = key.shape
     trees = torch.arange(n_trees, device=key.device)
     padding = torch.isinf(blocked)
@@ -250,11 +266,11 @@ def _distance(w):
 def _prim_of_weights(block, key, blocked):
     """:func:`_prim` on the distances ``1 - max(w_ij, w_ji)`` of attention weights ``block [T, N, N]``: the GPU
     kernel makes them as it reads each row; elsewhere they are made here."""
-    if block.is_cuda and prim_kernel.kernel() is not None:
+    if block.is_cuda and prim_kernel.KERNEL.get() is not None:
         try:
             return prim_kernel.prim(block, key, blocked, weights=True)
         except Exception as exc:
-            prim_kernel.disable(f"{type(exc).__name__}: {exc}")
+            prim_kernel.KERNEL.drop(exc)
     return _prim(_distance(block.maximum(block.transpose(1, 2))), key, blocked)
 
 
@@ -314,3 +330,24 @@ def mst(rows: Rows) -> dict:
                     _distance(sym[:, :, 0, 1:]).reshape(b * h, n - 1),
                     _padding(valid, h).reshape(b * h, n - 1)).reshape(b, h, n - 1)
     return {"d": weights.sum(-1) / rows.tensor("n_response")[:, None].to(weights.dtype)}
+
+
+#: The reducers that :func:`from_statistics` serves from the GPU kernel's per-row statistics.
+FROM_STATISTICS = ("lookback", "diag", "sink", "mtopdiv")
+
+
+def from_statistics(rows: Rows, stats: dict, names) -> dict:
+    """Each named reducer's fields (what its function returns, or MTop-Div's partial) from the per-row statistics
+    of :func:`halwatch.signals.rows_kernel.rows` for the layout of ``rows`` (whose ``probs`` are never made)."""
+    out = {}
+    for name in names:
+        if name == "lookback":
+            out[name] = _lookback_ratio(rows, stats["ctx"], stats["new"])
+        elif name in ("diag", "sink"):
+            out[name] = {"w": stats[name]}
+        elif name == "mtopdiv":
+            out[name] = {"key": _distance(stats["prompt_max"]), "block": stats["block"],
+                         "blocked": _padding(rows.valid(), stats["block"].shape[1])}
+        else:
+            raise ValueError(f"reducer {name!r} needs the attention rows themselves")
+    return out
