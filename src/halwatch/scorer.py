@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from halwatch.cache import SignalCache, signal_key
@@ -121,8 +122,8 @@ class Scorer:
         base = request.without_sampling()
         if base == SignalRequest():
             out = [Signals(n_prompt=v.n_prompt, n_response=v.n_response) for v in views]
-        else:
-            out = forward.run(self.model, views, base)
+        else:  # the lexical support in the pass, made while the device finishes the batch
+            out = forward.run(self.model, views, replace(base, support=request.support))
         if request.sampling is not None:
             for v, sig in zip(views, out):
                 sig.generations = sample_answers(self.model, v, request.sampling, self.input_mode)
@@ -187,7 +188,9 @@ class Scorer:
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
                     keep(i, sig)
                 bar.update(len(batch))
-        if request.support:
-            for view, sig in zip(views, results):
-                attach_support(view, sig)
+        if request.support:  # (never cached: a cached pass may have served another view with the same input)
+            fresh = set(todo)
+            for i, (view, sig) in enumerate(zip(views, results)):
+                if i not in fresh or sig.support is None:
+                    attach_support(view, sig)
         return results

@@ -251,7 +251,7 @@ PHASES = (
      "assemble"),
     ("  token statistics, hidden states", "halwatch.models.forward", "_batch_outputs"),
     ("  copies off the device", "halwatch.models.forward", "to_host"),
-    ("lexical support", "halwatch.scorer", "attach_support"),
+    ("  lexical support (while the device finishes the batch)", "halwatch.models.forward", "support_of"),
     ("detector: scores and spans", "halwatch.detectors.base:Detector", "verdicts"),
     ("  token features", "halwatch.detectors.fused:Fused", "token_features"),
     ("  token model", "halwatch.detectors.fused:Fused", "_token_probs"),

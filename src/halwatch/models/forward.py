@@ -265,6 +265,7 @@ class _Capture:
         self.budget: int | None = None
         self.head_index: dict = {}  # (layer, device) -> the layer's requested heads, on the device
         self.plain_mask: dict = {}  # id(mask) -> (mask, whether it is the plain causal mask of the batch)
+        self.layout = None  # the GPU kernel's n_prompt, context length and length, once per batch
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
@@ -375,9 +376,10 @@ class _Capture:
         rows.device = query.device
         if (layer, "int32") not in self.head_index:
             self.head_index[layer, "int32"] = on_device(heads, query.device, torch.int32)
-        layout = [rows.tensor(name).to(torch.int32) for name in ("n_prompt", "length")]
-        stats = rows_kernel.rows(query, key, self.head_index[layer, "int32"], layout[0],
-                                 reducer_lib.context_length(rows).to(torch.int32), layout[1], rows.r_max, scaling)
+        if self.layout is None:  # the kernel's [B] int32 layout, made once per batch
+            self.layout = [t.to(torch.int32) for t in (rows.tensor("n_prompt"), reducer_lib.context_length(rows),
+                                                       rows.tensor("length"))]
+        stats = rows_kernel.rows(query, key, self.head_index[layer, "int32"], *self.layout, rows.r_max, scaling)
         self._keep(group, reducer_lib.from_statistics(rows, stats, self.request.reducers), query)
 
     @staticmethod
@@ -386,6 +388,12 @@ class _Capture:
         if waiting:
             group.reduced.setdefault(name, []).append(REDUCERS[name].finish(waiting))
 
+    def finish(self) -> None:
+        """Queue what is left of the reducers' work (Prim's algorithm on the last layers) on the device."""
+        for group in self.groups or ():
+            for name in self.request.reducers:
+                self._finish(group, name)
+
     def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray]]]:
         """Each sample's ``(attention rows, reducer fields)``: the fields of every layer joined along the heads,
         copied off the device once per group of samples, then cut to each sample's response."""
@@ -393,10 +401,10 @@ class _Capture:
 
         layers = sorted(self.by_layer)  # the model runs its layers in order, so outputs are in this order
         results: list = [None] * len(self.views)
+        self.finish()
         for group in self.groups or ():
             batch = {}
             for name in self.request.reducers:
-                self._finish(group, name)
                 outputs = group.reduced[name]
                 batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float() for k in outputs[0]})
             if self.request.keep_attention:
@@ -632,6 +640,10 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             values, index = lrp.targets(out.logits, views, longest - keep, rel.target)
             by_seed = lrp.backward_relevance(embeds, values, views, rel.rows)
             row_sums = lrp.prompt_row_sums(model, embeds, attn_mask, views, longest - keep, keep, index)
+    if capture is not None:
+        capture.finish()  # queued on the device before the host's own work below, which it overlaps
+    # the lexical support is the host's work alone: done while the device finishes the batch
+    supports = [support_of(v) if request.support and v.sample is not None else None for v in views]
     batch = _batch_outputs(out, views, request, offset, longest - keep)
     captured = capture.assemble() if capture is not None else None
     results = []
@@ -649,8 +661,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             }
             if rel.rows:
                 sig.relevance["rows"] = by_seed[b][1:, : v.n_prompt].astype(np.float32)
-        if request.support and v.sample is not None:  # views made from token ids alone have no texts to compare
-            attach_support(v, sig)
+        if supports[b] is not None:  # views made from token ids alone have no texts to compare
+            sig.support, sig.support_answer = supports[b]
         results.append(sig)
     return results
 
@@ -766,14 +778,19 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
 
 
 
-def attach_support(view: TokenView, sig: Signals) -> None:
-    """Put the lexical support of ``view``'s response by its context (:mod:`halwatch.signals.support`) on ``sig``:
-    the whole context, even where the token cap cut it from the model's input, up to its last
-    :data:`~halwatch.signals.support.MAX_CONTEXT_CHARS` characters."""
+def support_of(view: TokenView):
+    """``(per-token flags, answer features)``: the lexical support of ``view``'s response by its context
+    (:mod:`halwatch.signals.support`), from the whole context, even where the token cap cut it from the model's
+    input, up to its last :data:`~halwatch.signals.support.MAX_CONTEXT_CHARS` characters."""
     sample = view.sample
     context = sample.context_text
     context = context[tail_start(context, support.MAX_CONTEXT_CHARS):]
-    sig.support, sig.support_answer = support.features(context, sample.response, view.offsets)
+    return support.features(context, sample.response, view.offsets)
+
+
+def attach_support(view: TokenView, sig: Signals) -> None:
+    """Put :func:`support_of` ``view`` on ``sig``."""
+    sig.support, sig.support_answer = support_of(view)
 
 
 def whitebox_request(model) -> SignalRequest:

@@ -188,29 +188,23 @@ def lookback(rows: Rows) -> dict:
     import torch
 
     w = rows.steps()
-    on_ctx_key = _keys(rows)[None, :] < context_length(rows)[:, None]  # [B, K]
+    n_prompt, n_ctx = rows.tensor("n_prompt"), context_length(rows)
+    on_ctx_key = _keys(rows)[None, :] < n_ctx[:, None]  # [B, K]
     # both sums of every row in one product with [context key, new key] indicator columns: one pass, no copies
     sums = torch.matmul(w, torch.stack([on_ctx_key, ~on_ctx_key], dim=-1).to(w.dtype)[:, None])  # [B, H, R, 2]
-    return _lookback_ratio(rows, sums[..., 0], sums[..., 1])
+    ctx_sum, new_sum = sums[..., 0], sums[..., 1]
+    steps = torch.arange(rows.r_max, device=w.device)[None, :]
+    queries = n_prompt[:, None] - 1 + steps  # [B, R]
+    on_context = torch.where(n_ctx[:, None, None] > 0, ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(w.dtype),
+                             torch.zeros_like(ctx_sum))
+    on_new = new_sum / (queries - n_ctx[:, None] + 1).to(w.dtype)[:, None, :]
+    total = on_context + on_new
+    return {"ratio": torch.where(total > 0, on_context / total.clamp_min(1e-30), torch.full_like(total, 0.5))}
 
 
 def context_length(rows: Rows):
     """``[B]``: the context's length for Lookback Lens, the prompt without the answer header (or its last token)."""
     return rows.tensor("n_prompt") - rows.tensor("n_header").clamp(min=1)
-
-
-def _lookback_ratio(rows: Rows, ctx_sum, new_sum) -> dict:
-    """:func:`lookback`'s ratio from each step's weight on the context and on the new tokens, ``[B, H, R]``."""
-    import torch
-
-    n_prompt, n_ctx = rows.tensor("n_prompt"), context_length(rows)
-    steps = torch.arange(ctx_sum.shape[-1], device=ctx_sum.device)[None, :]
-    queries = n_prompt[:, None] - 1 + steps  # [B, R]
-    on_context = torch.where(n_ctx[:, None, None] > 0,
-                             ctx_sum / n_ctx.clamp(min=1)[:, None, None].to(ctx_sum.dtype), torch.zeros_like(ctx_sum))
-    on_new = new_sum / (queries - n_ctx[:, None] + 1).to(ctx_sum.dtype)[:, None, :]
-    total = on_context + on_new
-    return {"ratio": torch.where(total > 0, on_context / total.clamp_min(1e-30), torch.full_like(total, 0.5))}
 
 
 @reducer("diag", version=1)
@@ -342,12 +336,14 @@ def from_statistics(rows: Rows, stats: dict, names) -> dict:
     out = {}
     for name in names:
         if name == "lookback":
-            out[name] = _lookback_ratio(rows, stats["ctx"], stats["new"])
+            out[name] = {"ratio": stats["ratio"]}
         elif name in ("diag", "sink"):
             out[name] = {"w": stats[name]}
         elif name == "mtopdiv":
-            out[name] = {"key": _distance(stats["prompt_max"]), "block": stats["block"],
-                         "blocked": _padding(rows.valid(), stats["block"].shape[1])}
+            heads = stats["block"].shape[1]
+            if ("blocked", heads) not in rows._tensors:  # the same for every layer of the batch
+                rows._tensors["blocked", heads] = _padding(rows.valid(), heads)
+            out[name] = {"key": stats["root"], "block": stats["block"], "blocked": rows._tensors["blocked", heads]}
         else:
             raise ValueError(f"reducer {name!r} needs the attention rows themselves")
     return out

@@ -13,8 +13,9 @@ of sample ``b`` is the query at position ``n_prompt - 1 + r``, ``r = 0 .. R`` (`
 row ``r`` is Lookback Lens's step ``r`` (the query that generates response token ``r``) and, for ``r >= 1``, the row
 of response token ``r - 1`` itself (TOHA, the diagonal and the sink read those). Per row it keeps:
 
-- ``ctx``, ``new``: the weight on the context keys (``k < n_ctx``) and on the others (steps ``r < R``);
-- ``prompt_max``: the largest weight on a prompt key (``k < n_prompt``), MTop-Div's root distance is ``1 -`` it;
+- the weight on the context keys (``k < n_ctx``) and on the others, turned into Lookback Lens's ratio (steps
+  ``r < R``; section 2.1, as :func:`halwatch.signals.reducers.lookback` computes it);
+- the largest weight on a prompt key (``k < n_prompt``), whose complement is MTop-Div's root distance;
 - ``diag``, ``sink``: the weight on the query's own key and on the first key;
 - ``block[r - 1, j]``: the weight on response key ``n_prompt + j`` (MTop-Div's response graph).
 
@@ -40,7 +41,7 @@ def _make():
     # the batch's sizes vary from call to call: no recompilation for each one's divisibility by 16
     @triton.jit(do_not_specialize=["sq_b", "sk_b", "r_max"])
     def rows_kernel(q_ptr, k_ptr, heads_ptr, n_prompt_ptr, n_ctx_ptr, length_ptr,
-                    ctx_ptr, new_ptr, prompt_max_ptr, diag_ptr, sink_ptr, block_ptr,
+                    ratio_ptr, root_ptr, diag_ptr, sink_ptr, block_ptr,
                     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
                     n_heads, group, r_max, scale, d_head,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
@@ -101,11 +102,15 @@ def _make():
             j = keys[None, :] - n_prompt
             tl.store(block_ptr + (bh * r_max + token[:, None]) * r_max + j, p,
                      mask=response_row[:, None] & (j >= 0) & (j < n_resp) & seen)
+        # Lookback Lens's ratio at step r (reducers.lookback): the mean weight on the context against the mean weight
+        # on the new tokens up to the query
+        on_context = tl.where(n_ctx > 0, ctx / tl.maximum(n_ctx, 1).to(tl.float32), 0.0)
+        on_new = new / (pos - n_ctx + 1).to(tl.float32)
+        total = on_context + on_new
+        ratio = tl.where(total > 0, on_context / tl.maximum(total, 1e-30), 0.5)
         out = bh * r_max
-        step = row_ok & (r < n_resp)
-        tl.store(ctx_ptr + out + r, ctx, mask=step)
-        tl.store(new_ptr + out + r, new, mask=step)
-        tl.store(prompt_max_ptr + out + token, prompt_max, mask=response_row)
+        tl.store(ratio_ptr + out + r, ratio, mask=row_ok & (r < n_resp))
+        tl.store(root_ptr + out + token, 1.0 - tl.minimum(tl.maximum(prompt_max, 0.0), 1.0), mask=response_row)
         tl.store(diag_ptr + out + token, diag, mask=response_row)
         tl.store(sink_ptr + out + token, sink, mask=response_row)
 
@@ -118,9 +123,10 @@ KERNEL = Kernel(_make, "the capture falls back to attention rows in torch")
 def rows(query, key, heads, n_prompt, n_ctx, length, r_max: int, scaling: float) -> dict:
     """The statistics of the module docstring for the ``heads`` (a ``[H]`` int32 tensor of query heads) of every
     sample: ``query [B, Hq, T, D]`` and ``key [B, KV, T, D]`` as the layer made them (any strides), ``n_prompt``,
-    ``n_ctx``, ``length`` ``[B]`` int32 tensors on the same device. Returns ``ctx``, ``new``, ``prompt_max``,
-    ``diag``, ``sink`` ``[B, H, r_max]`` and ``block [B, H, r_max, r_max]``, float32, zero where a sample has no
-    such row. Raises where Triton cannot run here (the caller falls back)."""
+    ``n_ctx``, ``length`` ``[B]`` int32 tensors on the same device. Returns, float32 and zero where a sample has no
+    such row: ``ratio`` (Lookback Lens's, from ``ctx`` and ``new``), ``root`` (MTop-Div's root distance, ``1 -
+    prompt_max`` clipped), ``diag``, ``sink`` ``[B, H, r_max]`` and ``block [B, H, r_max, r_max]``. Raises where
+    Triton cannot run here (the caller falls back)."""
     import torch
     import triton
 
@@ -129,15 +135,15 @@ def rows(query, key, heads, n_prompt, n_ctx, length, r_max: int, scaling: float)
         raise RuntimeError("Triton is not installed")
     b, n_heads = query.shape[0], heads.shape[0]
     dev = query.device
-    out = {name: torch.zeros(b, n_heads, r_max, dtype=torch.float32, device=dev)
-           for name in ("ctx", "new", "prompt_max", "diag", "sink")}
+    fields = ("ratio", "root", "diag", "sink")
+    out = dict(zip(fields, torch.zeros(len(fields), b, n_heads, r_max, dtype=torch.float32, device=dev)))
     out["block"] = torch.zeros(b, n_heads, r_max, r_max, dtype=torch.float32, device=dev)
     if key.dtype != query.dtype:
         key = key.to(query.dtype)
     grid = (b * n_heads, triton.cdiv(r_max + 1, BLOCK_Q))
     d_head = query.shape[-1]
     run[grid](query, key, heads, n_prompt, n_ctx, length,
-              out["ctx"], out["new"], out["prompt_max"], out["diag"], out["sink"], out["block"],
+              out["ratio"], out["root"], out["diag"], out["sink"], out["block"],
               *query.stride(), *key.stride(), n_heads, query.shape[1] // key.shape[1], r_max, float(scaling), d_head,
               BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_D=max(16, triton.next_power_of_2(d_head)),
               IEEE=query.dtype == torch.float32, num_warps=4)
