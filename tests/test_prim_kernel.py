@@ -51,7 +51,7 @@ def _trees(rng, heads, shapes, scale):
         rows = _causal(rng, heads, p + r, scale)[:, p:]  # [H, R, p + R]
         block = rows[:, :, p:]
         dist[b, :, :r, :r] = 1.0 - np.maximum(block, block.transpose(0, 2, 1))
-        weights[b, :, :r, :r] = block
+        weights[b, :, :r, :r] = np.maximum(block, block.transpose(0, 2, 1))  # as the MTop-Div reducer keeps them
         key[b, :, :r] = 1.0 - rows[:, :, :p].max(-1)
         blocked[b, :, :r] = 0.0
         refs.append(mtopdiv(rows, p).token_weights)

@@ -258,14 +258,14 @@ def _distance(w):
 
 
 def _prim_of_weights(block, key, blocked):
-    """:func:`_prim` on the distances ``1 - max(w_ij, w_ji)`` of attention weights ``block [T, N, N]``: the GPU
-    kernel makes them as it reads each row; elsewhere they are made here."""
+    """:func:`_prim` on the distances ``1 - w_ij`` of symmetric attention weights ``block [T, N, N]`` (MTop-Div's
+    ``max(w_ij, w_ji)``): the GPU kernel makes them as it reads each row; elsewhere they are made here."""
     if block.is_cuda and prim_kernel.KERNEL.get() is not None:
         try:
             return prim_kernel.prim(block, key, blocked, weights=True)
         except Exception as exc:
             prim_kernel.KERNEL.drop(exc)
-    return _prim(_distance(block.maximum(block.transpose(1, 2))), key, blocked)
+    return _prim(_distance(block), key, blocked)
 
 
 def _padding(valid, heads: int):
@@ -295,13 +295,14 @@ def mtopdiv(rows: Rows) -> dict:
     since a prompt token never attends to a response token) and response-response distances ``1 - max(w_ab,
     w_ba)``. ``d [B, H]`` = MTop-Div / |R| and ``token_weights [B, H, R]``, the forest edge by which each response
     token is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
-    root distances and the weights among response tokens are picked; Prim's algorithm runs on the heads of several
-    layers of all samples at once (:func:`_mtopdiv_finish`), on distances made from those weights as it reads them
-    (on a GPU) or just before (on a CPU).
+    root distances and the symmetric weights among response tokens, ``max(w_ab, w_ba)``, are kept; Prim's algorithm
+    runs on the heads of several layers of all samples at once (:func:`_mtopdiv_finish`), on distances made from
+    those weights as it reads them (on a GPU) or just before (on a CPU).
     """
     w = rows.response()
     on_prompt = (_keys(rows)[None, :] < rows.tensor("n_prompt")[:, None])[:, None, None, :]
-    return {"key": _distance((w * on_prompt).amax(-1)), "block": rows.response_keys(w),
+    block = rows.response_keys(w)
+    return {"key": _distance((w * on_prompt).amax(-1)), "block": block.maximum(block.transpose(2, 3)),
             "blocked": _padding(rows.valid(), w.shape[1])}
 
 

@@ -17,7 +17,9 @@ of response token ``r - 1`` itself (TOHA, the diagonal and the sink read those).
   ``r < R``; section 2.1, as :func:`halwatch.signals.reducers.lookback` computes it);
 - the largest weight on a prompt key (``k < n_prompt``), whose complement is MTop-Div's root distance;
 - ``diag``, ``sink``: the weight on the query's own key and on the first key;
-- ``block[r - 1, j]``: the weight on response key ``n_prompt + j`` (MTop-Div's response graph).
+- ``block[r - 1, j]`` and ``block[j, r - 1]``: the weight on response key ``n_prompt + j``, ``j <= r - 1``
+  (MTop-Div's response graph, symmetric: a token never attends to a later one, so ``max(w_ij, w_ji)`` is the weight
+  of the one that looks back).
 
 The mask is the causal one of a right-padded batch (key ``k`` is seen by the query at ``p`` iff ``k <= p`` and
 ``k`` is a real token), which the capture checks against the layer's own mask before it takes this path; soft-capped
@@ -100,8 +102,10 @@ def _make():
             diag += tl.sum(tl.where(keys[None, :] == pos[:, None], p, 0.0), axis=1)
             sink += tl.sum(tl.where(keys[None, :] == 0, p, 0.0), axis=1)
             j = keys[None, :] - n_prompt
-            tl.store(block_ptr + (bh * r_max + token[:, None]) * r_max + j, p,
-                     mask=response_row[:, None] & (j >= 0) & (j < n_resp) & seen)
+            response_key = response_row[:, None] & (j >= 0) & (j < n_resp) & seen  # j <= token: the lower triangle
+            tl.store(block_ptr + (bh * r_max + token[:, None]) * r_max + j, p, mask=response_key)
+            # and its mirror: a token never sees a later one, so max(w_ij, w_ji) is the weight of the lower triangle
+            tl.store(block_ptr + (bh * r_max + j) * r_max + token[:, None], p, mask=response_key)
         # Lookback Lens's ratio at step r (reducers.lookback): the mean weight on the context against the mean weight
         # on the new tokens up to the query
         on_context = tl.where(n_ctx > 0, ctx / tl.maximum(n_ctx, 1).to(tl.float32), 0.0)
@@ -125,8 +129,8 @@ def rows(query, key, heads, n_prompt, n_ctx, length, r_max: int, scaling: float)
     sample: ``query [B, Hq, T, D]`` and ``key [B, KV, T, D]`` as the layer made them (any strides), ``n_prompt``,
     ``n_ctx``, ``length`` ``[B]`` int32 tensors on the same device. Returns, float32 and zero where a sample has no
     such row: ``ratio`` (Lookback Lens's, from ``ctx`` and ``new``), ``root`` (MTop-Div's root distance, ``1 -
-    prompt_max`` clipped), ``diag``, ``sink`` ``[B, H, r_max]`` and ``block [B, H, r_max, r_max]``. Raises where
-    Triton cannot run here (the caller falls back)."""
+    prompt_max`` clipped), ``diag``, ``sink`` ``[B, H, r_max]`` and ``block [B, H, r_max, r_max]`` (symmetric).
+    Raises where Triton cannot run here (the caller falls back)."""
     import torch
     import triton
 
