@@ -65,19 +65,6 @@ def _make():
         k_base = k_ptr + b * sk_b + kv * sk_h
         m = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         norm = tl.zeros([BLOCK_Q], dtype=tl.float32)
-        for k0 in range(0, k_end, BLOCK_K):  # pass 1: each row's maximum and normaliser
-            keys = k0 + tl.arange(0, BLOCK_K)
-            kt = tl.load(k_base + keys[None, :] * sk_t + d[:, None] * sk_d,
-                         mask=(keys[None, :] < length) & (d[:, None] < d_head), other=0.0)
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee") * scale
-            else:
-                s = tl.dot(q, kt) * scale
-            s = tl.where(keys[None, :] <= pos[:, None], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            norm = norm * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
-            m = m_new
-        inv = 1.0 / norm
         ctx = tl.zeros([BLOCK_Q], dtype=tl.float32)
         new = tl.zeros([BLOCK_Q], dtype=tl.float32)
         prompt_max = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -85,27 +72,35 @@ def _make():
         sink = tl.zeros([BLOCK_Q], dtype=tl.float32)
         response_row = row_ok & (r >= 1)
         token = r - 1  # the response token whose own row this is
-        for k0 in range(0, k_end, BLOCK_K):  # pass 2: the weights, where they belong
-            keys = k0 + tl.arange(0, BLOCK_K)
-            kt = tl.load(k_base + keys[None, :] * sk_t + d[:, None] * sk_d,
-                         mask=(keys[None, :] < length) & (d[:, None] < d_head), other=0.0)
-            if IEEE:
-                s = tl.dot(q, kt, input_precision="ieee") * scale
-            else:
-                s = tl.dot(q, kt) * scale
-            seen = keys[None, :] <= pos[:, None]
-            p = tl.where(seen, tl.exp(s - m[:, None]) * inv[:, None], 0.0)
-            on_ctx = keys[None, :] < n_ctx
-            ctx += tl.sum(tl.where(on_ctx, p, 0.0), axis=1)
-            new += tl.sum(tl.where(on_ctx, 0.0, p), axis=1)
-            prompt_max = tl.maximum(prompt_max, tl.max(tl.where(keys[None, :] < n_prompt, p, 0.0), axis=1))
-            diag += tl.sum(tl.where(keys[None, :] == pos[:, None], p, 0.0), axis=1)
-            sink += tl.sum(tl.where(keys[None, :] == 0, p, 0.0), axis=1)
-            j = keys[None, :] - n_prompt
-            response_key = response_row[:, None] & (j >= 0) & (j < n_resp) & seen  # j <= token: the lower triangle
-            tl.store(block_ptr + (bh * r_max + token[:, None]) * r_max + j, p, mask=response_key)
-            # and its mirror: a token never sees a later one, so max(w_ij, w_ji) is the weight of the lower triangle
-            tl.store(block_ptr + (bh * r_max + j) * r_max + token[:, None], p, mask=response_key)
+        # pass 0: each row's maximum and normaliser (the online softmax); pass 1: the weights, where they belong
+        for second in tl.static_range(2):
+            for k0 in range(0, k_end, BLOCK_K):
+                keys = k0 + tl.arange(0, BLOCK_K)
+                kt = tl.load(k_base + keys[None, :] * sk_t + d[:, None] * sk_d,
+                             mask=(keys[None, :] < length) & (d[:, None] < d_head), other=0.0)
+                if IEEE:
+                    s = tl.dot(q, kt, input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, kt) * scale
+                seen = keys[None, :] <= pos[:, None]
+                s = tl.where(seen, s, float("-inf"))
+                if second == 0:
+                    m_new = tl.maximum(m, tl.max(s, axis=1))
+                    norm = norm * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
+                    m = m_new
+                else:
+                    p = tl.exp(s - m[:, None]) / norm[:, None]
+                    on_ctx = keys[None, :] < n_ctx
+                    ctx += tl.sum(tl.where(on_ctx, p, 0.0), axis=1)
+                    new += tl.sum(tl.where(on_ctx, 0.0, p), axis=1)
+                    prompt_max = tl.maximum(prompt_max, tl.max(tl.where(keys[None, :] < n_prompt, p, 0.0), axis=1))
+                    diag += tl.sum(tl.where(keys[None, :] == pos[:, None], p, 0.0), axis=1)
+                    sink += tl.sum(tl.where(keys[None, :] == 0, p, 0.0), axis=1)
+                    j = keys[None, :] - n_prompt
+                    response_key = response_row[:, None] & (j >= 0) & (j < n_resp) & seen  # j <= token
+                    tl.store(block_ptr + (bh * r_max + token[:, None]) * r_max + j, p, mask=response_key)
+                    # and its mirror: a token never sees a later one, so max(w_ij, w_ji) is the weight that looks back
+                    tl.store(block_ptr + (bh * r_max + j) * r_max + token[:, None], p, mask=response_key)
         # Lookback Lens's ratio at step r (reducers.lookback): the mean weight on the context against the mean weight
         # on the new tokens up to the query
         on_context = tl.where(n_ctx > 0, ctx / tl.maximum(n_ctx, 1).to(tl.float32), 0.0)
