@@ -24,7 +24,7 @@ of response token ``r - 1`` itself (TOHA, the diagonal and the sink read those).
 The mask is the causal one of a right-padded batch (key ``k`` is seen by the query at ``p`` iff ``k <= p`` and
 ``k`` is a real token), which the capture checks against the layer's own mask before it takes this path; soft-capped
 logits, sliding windows, a cached prefix or rows kept for the user take the torch path, which stays the reference
-(``tests/test_rows_kernel.py`` compares the two).
+(``tests/test_kernels.py`` compares the two).
 """
 
 from __future__ import annotations
