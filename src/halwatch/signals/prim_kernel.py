@@ -15,7 +15,7 @@ missing or cannot compile for the device.
 
 from __future__ import annotations
 
-from halwatch.signals.triton_kernels import Kernel
+from halwatch.signals.triton_kernels import Kernel, launching_on
 
 
 def _make():
@@ -71,6 +71,7 @@ def prim(dist, key, blocked, weights: bool = False):
     import triton
 
     block = max(16, triton.next_power_of_2(n))
-    run[(n_trees,)](dist.float().contiguous(), key.float().contiguous(), blocked.float().contiguous(), out, n,
-                    WEIGHTS=weights, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+    with launching_on(key.device):
+        run[(n_trees,)](dist.float().contiguous(), key.float().contiguous(), blocked.float().contiguous(), out, n,
+                        WEIGHTS=weights, BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return out.to(key.dtype)

@@ -29,7 +29,7 @@ logits, sliding windows, a cached prefix or rows kept for the user take the torc
 
 from __future__ import annotations
 
-from halwatch.signals.triton_kernels import Kernel
+from halwatch.signals.triton_kernels import Kernel, launching_on
 
 #: Rows and keys of one program's tile.
 BLOCK_Q = 32
@@ -141,9 +141,10 @@ def rows(query, key, heads, n_prompt, n_ctx, length, r_max: int, scaling: float)
         key = key.to(query.dtype)
     grid = (b * n_heads, triton.cdiv(r_max + 1, BLOCK_Q))
     d_head = query.shape[-1]
-    run[grid](query, key, heads, n_prompt, n_ctx, length,
-              out["ratio"], out["root"], out["diag"], out["sink"], out["block"],
-              *query.stride(), *key.stride(), n_heads, query.shape[1] // key.shape[1], r_max, float(scaling), d_head,
-              BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_D=max(16, triton.next_power_of_2(d_head)),
-              IEEE=query.dtype == torch.float32, num_warps=4)
+    with launching_on(dev):
+        run[grid](query, key, heads, n_prompt, n_ctx, length,
+                  out["ratio"], out["root"], out["diag"], out["sink"], out["block"],
+                  *query.stride(), *key.stride(), n_heads, query.shape[1] // key.shape[1], r_max, float(scaling),
+                  d_head, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_D=max(16, triton.next_power_of_2(d_head)),
+                  IEEE=query.dtype == torch.float32, num_warps=4)
     return out

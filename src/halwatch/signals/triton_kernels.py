@@ -6,6 +6,7 @@ warning that names what takes over."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -37,3 +38,11 @@ class Kernel:
     def reset(self) -> None:
         """Make the kernel again at the next :meth:`get` (tests: after choosing Triton's interpreter)."""
         self._kernel = None
+
+
+def launching_on(device):
+    """A context in which Triton launches on ``device``: it launches on the current CUDA device, which need not be
+    the tensors' (a model on ``cuda:1``)."""
+    import torch
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
