@@ -280,10 +280,15 @@ def _mtopdiv_finish(partials: list[dict]) -> dict:
     """Prim's algorithm once for the heads of several layers of every sample (their root and pairwise distances)."""
     import torch
 
-    block, key, blocked = (torch.cat([p[name] for p in partials], dim=1) for name in ("block", "key", "blocked"))
+    key, blocked = (torch.cat([p[name] for p in partials], dim=1) for name in ("key", "blocked"))
     b, h, n = key.shape
-    weights = _prim_of_weights(block.reshape(b * h, n, n), key.reshape(b * h, n), blocked.reshape(b * h, n)
-                               ).reshape(b, h, n)
+    trees = key.reshape(b * h, n), blocked.reshape(b * h, n)
+    if all("dist" in p for p in partials):  # the torch reducer's distances
+        weights = _prim(torch.cat([p["dist"] for p in partials], dim=1).reshape(b * h, n, n), *trees)
+    else:  # the GPU kernel's weights (with the torch reducer's distances of layers it left to it)
+        block = torch.cat([p["block"] if "block" in p else 1.0 - p["dist"] for p in partials], dim=1)
+        weights = _prim_of_weights(block.reshape(b * h, n, n), *trees)
+    weights = weights.reshape(b, h, n)
     size = torch.isfinite(blocked).sum(-1).clamp(min=1).to(weights.dtype)
     return {"d": weights.sum(-1) / size, "token_weights": weights}
 
@@ -295,14 +300,14 @@ def mtopdiv(rows: Rows) -> dict:
     since a prompt token never attends to a response token) and response-response distances ``1 - max(w_ab,
     w_ba)``. ``d [B, H]`` = MTop-Div / |R| and ``token_weights [B, H, R]``, the forest edge by which each response
     token is attached. See :func:`halwatch.signals.topology.mtopdiv` (the NumPy reference). Per layer only the
-    root distances and the symmetric weights among response tokens, ``max(w_ab, w_ba)``, are kept; Prim's algorithm
-    runs on the heads of several layers of all samples at once (:func:`_mtopdiv_finish`), on distances made from
-    those weights as it reads them (on a GPU) or just before (on a CPU).
+    distances are computed (the GPU kernel's path keeps the symmetric weights ``max(w_ab, w_ba)`` instead, and Prim's
+    kernel makes the distances as it reads them); Prim's algorithm runs on the heads of several layers of all samples
+    at once (:func:`_mtopdiv_finish`).
     """
     w = rows.response()
     on_prompt = (_keys(rows)[None, :] < rows.tensor("n_prompt")[:, None])[:, None, None, :]
     block = rows.response_keys(w)
-    return {"key": _distance((w * on_prompt).amax(-1)), "block": block.maximum(block.transpose(2, 3)),
+    return {"key": _distance((w * on_prompt).amax(-1)), "dist": _distance(block.maximum(block.transpose(2, 3))),
             "blocked": _padding(rows.valid(), w.shape[1])}
 
 
