@@ -99,17 +99,17 @@ def check_dispatch(device):
     rng = np.random.default_rng(3)
     (dist, key, blocked, weights), refs, n = _trees(rng, 2, [(4, 6), (3, 2)], 2.0)
     want = reducers._prim(dist, key, blocked)
-    torch.testing.assert_close(reducers._prim_of_weights(weights, key, blocked), want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(reducers._prim(weights, key, blocked, weights=True), want, atol=1e-6, rtol=0)
     real = prim_kernel.prim
     calls, warned = [], []
-    prim_kernel.prim = lambda *a: calls.append(1) or real(*a)
+    prim_kernel.prim = lambda *a, **k: calls.append(1) or real(*a, **k)
     triton_kernels.log.warning = lambda *a: warned.append(a[0] % a[1:])
     try:
         if device == "cuda":
             got = reducers._prim(dist.cuda(), key.cuda(), blocked.cuda()).cpu()
             assert calls and torch.equal(got, want)
 
-            def broken(*a):
+            def broken(*a, **k):
                 raise RuntimeError("no compiler for this device")
 
             prim_kernel.prim = broken

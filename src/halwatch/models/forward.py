@@ -263,7 +263,8 @@ class _Capture:
         self.groups: list[_Group] | None = None  # made at the first layer, when the device is known
         self.seen: set[int] = set()  # layers whose rows were captured
         self.budget: int | None = None
-        self.head_index: dict = {}  # (layer, device) -> the layer's requested heads, on the device
+        self.head_index: dict = {}  # (layer, device) -> the layer's requested heads, on the device (long)
+        self.kernel_heads: dict = {}  # layer -> the same heads as the GPU kernel takes them (int32)
         self.plain_mask: dict = {}  # id(mask) -> (mask, whether it is the plain causal mask of the batch)
         self.layout = None  # the GPU kernel's n_prompt, context length and length, once per batch
 
@@ -374,12 +375,12 @@ class _Capture:
         group = self.groups[0]
         rows = group.rows
         rows.device = query.device
-        if (layer, "int32") not in self.head_index:
-            self.head_index[layer, "int32"] = on_device(heads, query.device, torch.int32)
+        if layer not in self.kernel_heads:
+            self.kernel_heads[layer] = on_device(heads, query.device, torch.int32)
         if self.layout is None:  # the kernel's [B] int32 layout, made once per batch
             self.layout = [t.to(torch.int32) for t in (rows.tensor("n_prompt"), reducer_lib.context_length(rows),
                                                        rows.tensor("length"))]
-        stats = rows_kernel.rows(query, key, self.head_index[layer, "int32"], *self.layout, rows.r_max, scaling)
+        stats = rows_kernel.rows(query, key, self.kernel_heads[layer], *self.layout, rows.r_max, scaling)
         self._keep(group, reducer_lib.from_statistics(rows, stats, self.request.reducers), query)
 
     @staticmethod

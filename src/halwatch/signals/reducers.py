@@ -90,6 +90,14 @@ class Rows:
 
         return torch.arange(self.r_max, device=self.where)[None, :] < self.tensor("n_response")[:, None]
 
+    def padding(self, heads: int):
+        """``[B, heads, R_max]``: Prim's ``blocked`` of the response tokens (:func:`_padding` of :meth:`valid`),
+        the same for every layer of the batch: made once."""
+        key = ("blocked", heads, self.where)
+        if key not in self._tensors:
+            self._tensors[key] = _padding(self.valid(), heads)
+        return self._tensors[key]
+
     def of_queries(self, first: tuple):
         """``[B, H, R_max, K]``: the rows of the queries at absolute positions ``first[b] + i``, ``i < R_max``
         (positions past a sample's rows repeat its last row). Picked once per layer: every reducer that asks for
@@ -220,11 +228,13 @@ def sink(rows: Rows) -> dict:
     return {"w": rows.response()[..., 0]}
 
 
-def _prim(dist, key, blocked):
+def _prim(dist, key, blocked, weights: bool = False):
     """Dense Prim's algorithm vectorised over trees (the heads of every sample), grown from a root already in the
     tree: ``dist [T, N, N]`` symmetric distances between the other nodes, ``key [T, N]`` their distances to the
     root, ``blocked [T, N]`` 0 for the nodes of each tree and ``inf`` for padding (a tree with fewer nodes). Returns
-    the weight of the edge by which each node joins its tree, ``[T, N]`` (0 for padding).
+    the weight of the edge by which each node joins its tree, ``[T, N]`` (0 for padding). With ``weights``,
+    ``dist`` holds symmetric attention weights ``w`` instead (MTop-Div's ``max(w_ij, w_ji)``), whose distances are
+    ``1 - w`` (:func:`_distance`): the GPU kernel makes them as it reads each row; elsewhere they are made here.
 
     Once a tree holds all its nodes, its remaining steps pick a node already in it and write that node's weight
     again: ``key`` no longer changes there, so the result is the same.
@@ -235,37 +245,28 @@ def _prim(dist, key, blocked):
 
     if dist.is_cuda and prim_kernel.KERNEL.get() is not None:
         try:
-            return prim_kernel.prim(dist, key, blocked)
+            return prim_kernel.prim(dist, key, blocked, weights=weights)
         except Exception as exc:  # a Triton that cannot compile for this device: the loop below still works
             prim_kernel.KERNEL.drop(exc)
+    if weights:
+        dist = _distance(dist)
     n_trees, n = key.shape
     trees = torch.arange(n_trees, device=key.device)
     padding = torch.isinf(blocked)
     key = key.clone()
     blocked = blocked.clone()
-    weights = torch.zeros_like(key)
+    edges = torch.zeros_like(key)
     for _ in range(n):  # scatter and gather, not indexed assignment: a number assigned by index is copied to the
         j = torch.argmin(key + blocked, dim=1)  # device with a wait at every step
         at = j[:, None]
-        weights.scatter_(1, at, key.gather(1, at))
+        edges.scatter_(1, at, key.gather(1, at))
         blocked.scatter_(1, at, float("inf"))
         key = torch.minimum(key, dist[trees, j] + blocked)
-    return weights.masked_fill(padding, 0.0)
+    return edges.masked_fill(padding, 0.0)
 
 
 def _distance(w):
     return 1.0 - w.clamp(0.0, 1.0)
-
-
-def _prim_of_weights(block, key, blocked):
-    """:func:`_prim` on the distances ``1 - w_ij`` of symmetric attention weights ``block [T, N, N]`` (MTop-Div's
-    ``max(w_ij, w_ji)``): the GPU kernel makes them as it reads each row; elsewhere they are made here."""
-    if block.is_cuda and prim_kernel.KERNEL.get() is not None:
-        try:
-            return prim_kernel.prim(block, key, blocked, weights=True)
-        except Exception as exc:
-            prim_kernel.KERNEL.drop(exc)
-    return _prim(_distance(block), key, blocked)
 
 
 def _padding(valid, heads: int):
@@ -287,7 +288,7 @@ def _mtopdiv_finish(partials: list[dict]) -> dict:
         weights = _prim(torch.cat([p["dist"] for p in partials], dim=1).reshape(b * h, n, n), *trees)
     else:  # the GPU kernel's weights (with the torch reducer's distances of layers it left to it)
         block = torch.cat([p["block"] if "block" in p else 1.0 - p["dist"] for p in partials], dim=1)
-        weights = _prim_of_weights(block.reshape(b * h, n, n), *trees)
+        weights = _prim(block.reshape(b * h, n, n), *trees, weights=True)
     weights = weights.reshape(b, h, n)
     size = torch.isfinite(blocked).sum(-1).clamp(min=1).to(weights.dtype)
     return {"d": weights.sum(-1) / size, "token_weights": weights}
@@ -308,7 +309,7 @@ def mtopdiv(rows: Rows) -> dict:
     on_prompt = (_keys(rows)[None, :] < rows.tensor("n_prompt")[:, None])[:, None, None, :]
     block = rows.response_keys(w)
     return {"key": _distance((w * on_prompt).amax(-1)), "dist": _distance(block.maximum(block.transpose(2, 3))),
-            "blocked": _padding(rows.valid(), w.shape[1])}
+            "blocked": rows.padding(w.shape[1])}
 
 
 @reducer("mst", version=1, needs_all_rows=True)
@@ -346,10 +347,8 @@ def from_statistics(rows: Rows, stats: dict, names) -> dict:
         elif name in ("diag", "sink"):
             out[name] = {"w": stats[name]}
         elif name == "mtopdiv":
-            heads = stats["block"].shape[1]
-            if ("blocked", heads) not in rows._tensors:  # the same for every layer of the batch
-                rows._tensors["blocked", heads] = _padding(rows.valid(), heads)
-            out[name] = {"key": stats["root"], "block": stats["block"], "blocked": rows._tensors["blocked", heads]}
+            out[name] = {"key": stats["root"], "block": stats["block"],
+                         "blocked": rows.padding(stats["block"].shape[1])}
         else:
             raise ValueError(f"reducer {name!r} needs the attention rows themselves")
     return out
