@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.tokens import words
+from halwatch.tokens import WORD, words
 
 #: English function words: never counted as unsupported content.
 STOPWORDS = frozenset("""
@@ -43,7 +43,7 @@ def _norm_number(word: str) -> str:
 
 
 def _is_number(word: str) -> bool:
-    return any(c.isdigit() for c in word)
+    return not word.isalpha() and any(map(str.isdigit, word))  # a word of letters alone: one call in C
 
 
 def word_flags(context: str, response: str) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -51,7 +51,7 @@ def word_flags(context: str, response: str) -> tuple[list[tuple[int, int]], np.n
     a content word absent from the context; the bigram / trigram that the word closes absent from the context's; a
     number absent from the context's numbers; a capitalised word (not the answer's first) absent from the context;
     whether the word is a content word at all."""
-    ctx = [w for w, _, _ in words(context)]
+    ctx = [w.lower() for w in WORD.findall(context)]  # the words of words(context), without their offsets
     vocab = set(ctx)
     numbers = {_norm_number(w) for w in ctx if _is_number(w)}
     bigrams = set(zip(ctx, ctx[1:]))
