@@ -1,8 +1,9 @@
 """The GPU kernels (Triton) of the signals against the NumPy references and the torch paths they replace:
 :mod:`halwatch.signals.prim_kernel` (Prim's algorithm for MTop-Div, against :func:`halwatch.signals.topology.mtopdiv`,
-itself checked against ripser, and the torch loop) and :mod:`halwatch.signals.rows_kernel` (a layer's attention rows
+itself checked against ripser, and the torch loop), :mod:`halwatch.signals.rows_kernel` (a layer's attention rows
 reduced without being made, against the rows made with explicit softmaxes here and the torch reducers on them, which
-``test_forward.py`` checks against the NumPy references; then MTop-Div finished on both).
+``test_forward.py`` checks against the NumPy references; then MTop-Div finished on both) and
+:mod:`halwatch.signals.stats_kernel` (the token statistics, against float64 softmaxes and the torch loop).
 
 Triton is not a dependency (the CPU wheels of torch do not bring it): these run on a CUDA GPU, or in Triton's
 interpreter on a CPU where Triton is installed (in a process of their own: the interpreter is chosen before Triton is
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from halwatch.signals import prim_kernel, reducers, rows_kernel, triton_kernels
+from halwatch.models import forward
+from halwatch.signals import prim_kernel, reducers, rows_kernel, stats_kernel, triton_kernels
 from halwatch.signals.reducers import REDUCERS, Rows
 from halwatch.signals.topology import mtopdiv
 
@@ -187,6 +189,44 @@ def check_statistics(device, seed, heads, kv, dtype):
     np.testing.assert_allclose(mixed["d"], alike["d"], atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_token_statistics_equal_float64_softmaxes_and_the_torch_loop(dtype):
+    _on_device_or_interpreted("check_token_stats", dtype)
+
+
+def check_token_stats(device, dtype):
+    from types import SimpleNamespace
+
+    dtype = getattr(torch, dtype)
+    if device == "cpu":
+        dtype = torch.float32  # the interpreter's arithmetic is NumPy's, which has no bfloat16
+    gen = torch.Generator().manual_seed(0)
+    vocab, first_logit = 5000, 7  # more than two of the kernel's blocks, the last one partial
+    # (n_prompt, length) of three answers, right-padded; the logits begin at absolute position first_logit
+    layout = [(10, 30), (8, 9), (20, 36)]
+    longest = max(n for _, n in layout)
+    logits = (torch.randn(len(layout), longest - first_logit, vocab, generator=gen) * 4).to(dtype)
+    logits[0, 5, :100] = -30.0  # a row with a spread of values
+    views = [SimpleNamespace(n_prompt=p, n_response=n - p,
+                             input_ids=list(torch.randint(vocab, (n,), generator=gen).tolist())) for p, n in layout]
+    sample = torch.tensor([b for b, v in enumerate(views) for _ in range(v.n_response)])
+    position = torch.tensor([p - 1 - first_logit for v in views for p in range(v.n_prompt, len(v.input_ids))])
+    target = torch.tensor([t for v in views for t in v.input_ids[v.n_prompt:]])
+    logp = torch.log_softmax(logits[sample, position].double(), -1)  # the reference, in float64
+    want = logp.gather(1, target[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+    on = [t.to(device) for t in (logits, sample, position, target)]
+    got = stats_kernel.token_stats(*on)
+    stats_kernel.KERNEL.drop(RuntimeError("the loop, for the comparison"))
+    try:
+        loop = forward._token_stats(on[0], views, first_logit, *on[1:])
+    finally:
+        stats_kernel.KERNEL.reset()
+    for a, b, c in zip(got, loop, want):
+        assert a.dtype == torch.float32 and a.shape == (sum(v.n_response for v in views),)
+        np.testing.assert_allclose(a.cpu().numpy(), c.numpy(), rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(b.cpu().numpy(), c.numpy(), rtol=1e-5, atol=2e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a whole pass on a GPU")
 def test_scoring_passes_with_and_without_the_kernels_agree(probe, monkeypatch):
     """The default detector's signals of real answers on a GPU, through both kernels and through the torch paths."""
@@ -202,10 +242,13 @@ def test_scoring_passes_with_and_without_the_kernels_agree(probe, monkeypatch):
     fused = scorer.signals(samples, request)
     monkeypatch.setattr(forward._Capture, "_fusable", lambda *a: False)
     monkeypatch.setattr(prim_kernel.KERNEL, "get", lambda: None)
+    monkeypatch.setattr(stats_kernel.KERNEL, "get", lambda: None)
     plain = scorer.signals(samples, request)
     for a, b in zip(fused, plain):
         for name in a.reduced:
             np.testing.assert_allclose(a.reduced[name], b.reduced[name], atol=1e-4, err_msg=name)
+        for name in ("logprobs", "entropy"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=1e-4, err_msg=name)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernels run")
 def test_kernels_compile_for_a_hopper_gpu():
@@ -234,6 +277,13 @@ def test_kernels_compile_for_a_hopper_gpu():
                      "WEIGHTS": "constexpr", "BLOCK": "constexpr"}
         built = triton.compile(ASTSource(prim_kernel.KERNEL.get(), signature,
                                          constexprs={"WEIGHTS": weights, "BLOCK": 256}), target=target)
+        assert built.asm["cubin"]
+    for dtype in ("*bf16", "*fp32"):
+        signature = {"logits_ptr": dtype, **{f"{n}_ptr": "*i64" for n in ("sample", "position", "target")},
+                     "logprob_ptr": "*fp32", "entropy_ptr": "*fp32", "vocab": "i32", "stride_b": "i32",
+                     "stride_p": "i32", "BLOCK": "constexpr"}
+        built = triton.compile(ASTSource(stats_kernel.KERNEL.get(), signature,
+                                         constexprs={"BLOCK": stats_kernel.BLOCK}), target=target)
         assert built.asm["cubin"]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.classifiers import pack, unpack
+from halwatch.models.forward import upload
 
 HIDDEN = 32
 EPOCHS = 4
@@ -63,7 +64,7 @@ def _batch(x: list[np.ndarray], scale, rows):
     out = np.zeros((len(rows), max(lengths), scale.shape[1]), dtype=np.float32)
     for k, i in enumerate(rows):
         out[k, :lengths[k]] = x[i]
-    return (torch.from_numpy(out).to(scale.device, non_blocking=True) - scale[0]) / scale[1], torch.tensor(lengths)
+    return (upload(out, scale.device) - scale[0]) / scale[1], torch.tensor(lengths)
 
 
 def fit(x: list[np.ndarray], y: list[np.ndarray], hidden: int = HIDDEN, epochs: int = EPOCHS, seed: int = 0) -> dict:
