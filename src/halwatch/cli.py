@@ -441,7 +441,8 @@ def cmd_bench(args) -> int:
 
         run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
                   device=args.device, dtype=args.dtype, parts=args.parts or ("lengths", "split"),
-                  batches=args.batches, batched_answers=args.answers, phase_batch=args.batch_size)
+                  batches=args.batches, batched_answers=args.answers, phase_batch=args.batch_size,
+                  processes=args.processes)
         return 0
     if args.what == "serve":
         from halwatch.serve.bench import run_serve_bench
@@ -590,6 +591,9 @@ def _add_bench_parser(sub) -> None:
                         "fewer); peer: answers for halwatch and LM-Polygraph, each a whole process (default 50)")
     s.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="phases: answers per batch (default auto: as many as fit the scorer's token budget)")
+    s.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                   help="batched: N processes share the device, each scoring the answers with its own model, as "
+                        "--ray-actors N --ray-gpus 1/N deploys them; their answers/s together (default 1)")
     add_device_options(s)
 
     arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "
