@@ -172,7 +172,7 @@ def test_pooled_hidden_states_and_diag_reducer(smol, probe):
     np.testing.assert_allclose(full.reduced["diag.w"], full.attention[:, r, full.n_prompt + r])
 
 
-def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
+def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path):
     """`halwatch bench speed --parts split`: the forward clock counts the time of each forward pass of the scoring
     path (one per batch), and the split adds up: inside + outside = the whole path."""
     from halwatch.eval.speed import ForwardClock, _default_detector, batched_rate, forward_split
@@ -209,6 +209,14 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol):
     assert "2 processes together" in lines[-1]
     with pytest.raises(ValueError, match="seeded sample"):
         batched_rate(detector, processes=2, samples=answers)
+    # a process that cannot load its model stops the measure with its reason, at once
+    from types import SimpleNamespace
+
+    from halwatch.eval.speed import _rate_of_processes
+
+    nowhere = SimpleNamespace(name="nowhere", path=str(tmp_path / "no-model"), device="cpu", dtype="float32")
+    with pytest.raises(RuntimeError, match="a scoring process failed: ModelError"):
+        _rate_of_processes(nowhere, 2, 2, 0, 1)
     # --parts phases: each phase timed, the inner ones within the outer ones, and every timed function put back
     from halwatch.eval.speed import phases
     from halwatch.scorer import Scorer

@@ -6,6 +6,7 @@ prompt to (about) the asked length; the response is a real RAGTruth answer.
 
 from __future__ import annotations
 
+import queue
 import resource
 import statistics
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 
 from halwatch.data.ragtruth import seeded_sample
+from halwatch.errors import first_line
 
 
 def _peak_rss_mb() -> float:
@@ -256,46 +258,58 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
 
 
 def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> float:
-    """:func:`batched_rate`'s answers/s of ``processes`` processes sharing ``sm``'s device."""
+    """:func:`batched_rate`'s answers/s of ``processes`` processes sharing ``sm``'s device: each says when it is
+    warm, all start together, each reports its span. A process that fails, or dies before it reports (a script
+    that starts this without ``if __name__ == "__main__"``: each new interpreter runs it again), stops the measure
+    with what it said, never a wait."""
     import multiprocessing
-    import threading
+
+    import torch
 
     from halwatch.models import registry
 
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: no CUDA state forked
-    ready, results = ctx.Barrier(processes + 1), ctx.Queue()
+    go, messages = ctx.Event(), ctx.Queue()
     model = sm.name if sm.name in registry.MODELS else sm.path
-    import torch
-
     threads = max(1, torch.get_num_threads() // processes)  # on a CPU, each its share of the cores
     workers = [ctx.Process(target=_score_in_process, args=(model, str(sm.device), sm.dtype, n, seed, repeats,
-                                                          threads, ready, results), daemon=True)
+                                                          threads, go, messages), daemon=True)
                for _ in range(processes)]
+
+    def gather(what: str) -> list:
+        got = []
+        while len(got) < processes:
+            try:
+                message = messages.get(timeout=1)
+            except queue.Empty:
+                dead = [w.exitcode for w in workers if w.exitcode is not None]
+                if dead and messages.empty():
+                    raise RuntimeError(f"a scoring process ended with exit code {dead[0]} before it {what}") from None
+                continue
+            if isinstance(message, str):
+                raise RuntimeError(f"a scoring process failed: {message}")
+            got.append(message)
+        return got
+
     for w in workers:
         w.start()
     try:
-        try:
-            ready.wait(timeout=900)  # every worker loaded and warmed up
-        except threading.BrokenBarrierError:  # one failed: each says what became of it
-            pass
-        spans = [results.get(timeout=900) for _ in workers]
+        gather("was ready")
+        go.set()
+        spans = gather("reported its time")
     finally:
         for w in workers:
-            w.join(timeout=60)
+            w.join(timeout=10)
             if w.is_alive():
                 w.kill()
-    failed = sorted((s for s in spans if isinstance(s, str)), key=lambda s: s.startswith("stopped"))
-    if failed:
-        raise RuntimeError(f"a scoring process failed: {failed[0]}")
     return sum(count for _, _, count in spans) / (max(end for _, end, _ in spans) - min(start for start, _, _ in spans))
 
 
-def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, repeats: int, threads: int, ready,
-                      results) -> None:
-    """One of :func:`_rate_of_processes`' processes, with ``threads`` CPU threads: puts ``(start, end, answers
-    scored)``, or a line saying why it did not score."""
+def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, repeats: int, threads: int, go,
+                      messages) -> None:
+    """One of :func:`_rate_of_processes`' processes, with ``threads`` CPU threads: puts ``None`` once warm, then
+    ``(start, end, answers scored)``; or the line of the error that stopped it."""
     import logging
-    import threading
 
     import torch
 
@@ -309,19 +323,14 @@ def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, re
         scorer.batch_size = None
         samples, _ = _by_length(scorer, seeded_sample(n, seed))
         throughput(detector, samples[:8], None)  # warm-up
+        messages.put(None)
+        go.wait()
+        start = time.time()
+        for _ in range(repeats):
+            throughput(detector, samples, None)
+        messages.put((start, time.time(), repeats * len(samples)))
     except Exception as exc:
-        ready.abort()
-        results.put(f"{type(exc).__name__}: {exc}")
-        return
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        results.put("stopped: another process failed")
-        return
-    start = time.time()
-    for _ in range(repeats):
-        throughput(detector, samples, None)
-    results.put((start, time.time(), repeats * len(samples)))
+        messages.put(f"{type(exc).__name__}: {first_line(exc)}")
 
 
 #: What :func:`phases` times: ``(label, module or class, attribute)``; an indented label runs inside the one above.
