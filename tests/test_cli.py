@@ -197,3 +197,13 @@ def test_bench_kinds_have_their_own_options_and_run_is_the_default(capsys):
     assert _bench_default_kind(["bench", "speed", "--lengths", "512"]) == ["bench", "speed", "--lengths", "512"]
     args = parser.parse_args(["bench", "serve", "--detectors", "default", "--clients", "1", "8"])
     assert args.detector == "default" and args.clients == [1, 8]
+
+
+def test_scoring_does_not_import_scikit_learn():
+    """Every command builds the whole parser and `score` loads the detectors: neither imports scikit-learn (1.4 s
+    of every command's start before), which only fitting and the benchmarks' metrics use."""
+    code = ("import sys; from halwatch import cli, detectors; from halwatch.detectors import fused, heads; "
+            "from halwatch.eval import metrics; cli.build_parser(); print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

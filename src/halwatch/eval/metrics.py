@@ -4,14 +4,9 @@ precision, recall, and the trivial "always hallucinated" F1 beside them."""
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import (
-    accuracy_score,
-    average_precision_score,
-    f1_score,
-    precision_score,
-    recall_score,
-    roc_auc_score,
-)
+
+# scikit-learn is imported where a metric is computed: it takes 1.4 s to import, and every command builds its
+# parser from this package (halwatch.eval.protocols.PROTOCOLS), `halwatch score` included
 
 
 def trivial_f1(labels) -> float:
@@ -39,6 +34,15 @@ def evaluate(labels, probs, threshold: float, ranking=None) -> dict:
     can tie; the verdicts (F1, accuracy, precision, recall, and the operating point: false- and true-positive
     rates) compare the probabilities with the threshold; ``ece`` is the expected calibration error, beside the mean
     probability and the observed ``rate`` of hallucinated answers."""
+    from sklearn.metrics import (
+        accuracy_score,
+        average_precision_score,
+        f1_score,
+        precision_score,
+        recall_score,
+        roc_auc_score,
+    )
+
     labels = np.asarray(labels, dtype=int)
     probs = np.asarray(probs, dtype=float)
     ranking = probs if ranking is None else np.asarray(ranking, dtype=float)
@@ -93,6 +97,8 @@ def paired_bootstrap(labels, rankings: dict, reference: str, n_boot: int = 2000,
     """AUROC of each detector on one test set with a 95 % percentile bootstrap interval, and the paired difference
     to ``reference`` (the same resampled answers for both) with its interval and a two-sided bootstrap p-value
     (twice the smaller tail of the differences around 0). ``rankings``: detector -> ranking scores of the answers."""
+    from sklearn.metrics import roc_auc_score
+
     labels = np.asarray(labels, dtype=int)
     index = np.random.default_rng(seed).integers(0, len(labels), size=(n_boot, len(labels)))
     boot = {name: _aurocs(labels, np.asarray(s, dtype=float), index) for name, s in rankings.items()}
