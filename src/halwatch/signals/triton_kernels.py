@@ -1,8 +1,8 @@
 """Triton kernels made on first use, for the GPU paths of the signals (:mod:`halwatch.signals.prim_kernel`,
-:mod:`halwatch.signals.rows_kernel`). Triton is not a dependency of halwatch: the CUDA builds of torch bring it, the
-CPU builds do not. Each kernel has a torch path that stays the reference and the fallback: where Triton is missing
-the kernel is never asked for, and where it fails (no compiler for the device, say) it is dropped once, with one
-warning that names what takes over."""
+:mod:`halwatch.signals.rows_kernel`, :mod:`halwatch.signals.stats_kernel`). Triton is not a dependency of halwatch:
+the CUDA builds of torch bring it, the CPU builds do not. Each kernel has a torch path that stays the reference and
+the fallback: where Triton is missing the kernel is never asked for, and where it fails (no compiler for the device,
+say) it is dropped once, with one warning that names what takes over."""
 
 from __future__ import annotations
 
