@@ -293,11 +293,9 @@ class _Capture:
                                   self.request.attention_from) for b in range(0, len(self.views), size)]
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
-        if self._fusable(query, attention_mask, softcap):
-            try:
-                return self._record_statistics(layer, query, key, heads, scaling)
-            except Exception as exc:  # a Triton that cannot compile for this device: the torch path still works
-                rows_kernel.KERNEL.drop(exc)
+        if self._fusable(query, attention_mask, softcap) and rows_kernel.KERNEL.attempt(
+                query, self._record_statistics, layer, query, key, heads, scaling):
+            return
         per_kv = query.shape[1] // key.shape[1]  # query heads per key head
         if heads == list(range(query.shape[1])):  # every head: no copies; the key heads are
             q_sel, k_sel = query, key  # shared by their query heads in the product (_record_group)
@@ -368,8 +366,8 @@ class _Capture:
             self.plain_mask[id(attention_mask)] = (attention_mask, _plain_causal(attention_mask, self.groups[0]))
         return self.plain_mask[id(attention_mask)][1]
 
-    def _record_statistics(self, layer: int, query, key, heads, scaling) -> None:
-        """:meth:`_record_group` through the GPU kernel: the rows are never made."""
+    def _record_statistics(self, layer: int, query, key, heads, scaling) -> bool:
+        """:meth:`_record_group` through the GPU kernel: the rows are never made (True: done)."""
         import torch
 
         group = self.groups[0]
@@ -382,6 +380,7 @@ class _Capture:
                                                        rows.tensor("length"))]
         stats = rows_kernel.rows(query, key, self.kernel_heads[layer], *self.layout, rows.r_max, scaling)
         self._keep(group, reducer_lib.from_statistics(rows, stats, self.request.reducers), query)
+        return True
 
     @staticmethod
     def _finish(group: _Group, name: str) -> None:
@@ -668,18 +667,21 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     return results
 
 
-#: Per thread, the page-locked buffer that :func:`to_host` copies through, grown as needed and kept: allocating
-#: page-locked memory costs milliseconds per call (5.7 ms each on an H200 host), a batch's worth of answers.
+#: Per thread, the page-locked buffers that :func:`to_host` and :func:`upload` copy through, grown as needed and
+#: kept: allocating page-locked memory costs milliseconds per call (5.7 ms each on an H200 host), a batch's worth of
+#: answers.
 _STAGING = threading.local()
+_UPLOADS = threading.local()  # and the event of its last copy
 
 
-def _staging(nbytes: int):
+def _staging(nbytes: int, store=_STAGING):
+    """``store``'s page-locked buffer of at least ``nbytes`` bytes (doubled when it grows)."""
     import torch
 
-    buffer = getattr(_STAGING, "buffer", None)
+    buffer = getattr(store, "buffer", None)
     if buffer is None or buffer.numel() < nbytes:
-        buffer = _STAGING.buffer = torch.empty(max(nbytes, 2 * (0 if buffer is None else buffer.numel())),
-                                               dtype=torch.uint8, pin_memory=True)
+        buffer = store.buffer = torch.empty(max(nbytes, 2 * (0 if buffer is None else buffer.numel())),
+                                            dtype=torch.uint8, pin_memory=True)
     return buffer
 
 
@@ -707,10 +709,6 @@ def to_host(tensors: dict) -> dict:
     return {k: t.numpy() for k, t in host.items()}
 
 
-#: Per thread, the page-locked buffer that :func:`upload` copies through, and the event of its last copy.
-_UPLOADS = threading.local()
-
-
 def upload(array: np.ndarray, device):
     """``array`` as a tensor on ``device``, copied without a wait. On a GPU it goes through this thread's
     page-locked buffer (grown as needed and kept): a copy from ordinary memory runs at a fraction of the bus's speed
@@ -724,11 +722,7 @@ def upload(array: np.ndarray, device):
     if getattr(_UPLOADS, "event", None) is not None:
         _UPLOADS.event.synchronize()
     nbytes = tensor.numel() * tensor.element_size()
-    buffer = getattr(_UPLOADS, "buffer", None)
-    if buffer is None or buffer.numel() < nbytes:
-        buffer = _UPLOADS.buffer = torch.empty(max(nbytes, 2 * (0 if buffer is None else buffer.numel())),
-                                               dtype=torch.uint8, pin_memory=True)
-    staged = buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
+    staged = _staging(nbytes, _UPLOADS)[:nbytes].view(tensor.dtype).view(tensor.shape)
     staged.copy_(tensor)
     out = staged.to(device, non_blocking=True)
     _UPLOADS.event = torch.cuda.Event()
@@ -760,11 +754,9 @@ def _token_stats(logits, views: list[TokenView], first_logit: int, sample, posit
     row once (:mod:`halwatch.signals.stats_kernel`); this loop is the reference, the CPU path and the fallback."""
     import torch
 
-    if logits.is_cuda and stats_kernel.KERNEL.get() is not None:
-        try:
-            return stats_kernel.token_stats(logits, sample, position, target)
-        except Exception as exc:  # a Triton that cannot compile for this device: the loop below still works
-            stats_kernel.KERNEL.drop(exc)
+    done = stats_kernel.KERNEL.attempt(logits, stats_kernel.token_stats, logits, sample, position, target)
+    if done is not None:
+        return done
     logprobs, entropy = [], []
     done = 0  # response tokens of the samples before this one
     step = _logit_rows(logits)

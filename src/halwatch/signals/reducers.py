@@ -243,11 +243,9 @@ def _prim(dist, key, blocked, weights: bool = False):
     loop is the reference, the CPU path and the fallback."""
     import torch
 
-    if dist.is_cuda and prim_kernel.KERNEL.get() is not None:
-        try:
-            return prim_kernel.prim(dist, key, blocked, weights=weights)
-        except Exception as exc:  # a Triton that cannot compile for this device: the loop below still works
-            prim_kernel.KERNEL.drop(exc)
+    done = prim_kernel.KERNEL.attempt(dist, prim_kernel.prim, dist, key, blocked, weights=weights)
+    if done is not None:
+        return done
     if weights:
         dist = _distance(dist)
     n_trees, n = key.shape

@@ -29,6 +29,18 @@ class Kernel:
                 self._kernel = False
         return self._kernel or None
 
+    def attempt(self, tensor, launch: Callable, *args, **kwargs):
+        """``launch(*args, **kwargs)`` (the kernel's wrapper) where ``tensor`` is on a CUDA GPU and the kernel is
+        here; ``None`` elsewhere, or when it fails, which drops it (:meth:`drop`): the caller's torch path takes
+        over."""
+        if not tensor.is_cuda or self.get() is None:
+            return None
+        try:
+            return launch(*args, **kwargs)
+        except Exception as exc:  # a Triton that cannot compile for this device, say
+            self.drop(exc)
+            return None
+
     def drop(self, exc: BaseException) -> None:
         """Stop using the kernel in this process after ``exc``, saying so once."""
         if self._kernel is not False:
