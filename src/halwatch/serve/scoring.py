@@ -191,11 +191,15 @@ class _Job:
     detector: object
     views: list  # one token view, or the windows of a long context
     future: asyncio.Future
-    tokens: int = 0
     queued_at: float = 0.0
     min_span_confidence: float | None = None
     waited: float = 0.0
     computed: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """The answer's input tokens (of all its windows)."""
+        return sum(len(v.input_ids) for v in self.views)
 
     @property
     def cost(self) -> int:
@@ -301,7 +305,7 @@ class ScoringService:
             for sentences in (1, WARM_UP_SENTENCES):
                 item = {**EXAMPLE, "response": " ".join([EXAMPLE["response"]] * sentences)}
                 view = detector._scorer().encode(ScoreItem.model_validate(item).sample(0))
-                jobs.append(_Job(detector, [view], None, len(view.input_ids)))
+                jobs.append(_Job(detector, [view], None))
             self.compute(jobs[:1])  # cold: first launches, the capture's check; not what a request will cost
             for job in jobs:
                 t0 = time.perf_counter()
@@ -347,8 +351,8 @@ class ScoringService:
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
         now = loop.time()
-        jobs = [_Job(det, views, loop.create_future(), sum(len(v.input_ids) for v in views), now,
-                     item.min_span_confidence) for (det, views), item in zip(prepared, items)]
+        jobs = [_Job(det, views, loop.create_future(), now, item.min_span_confidence)
+                for (det, views), item in zip(prepared, items)]
         cost = sum(job.cost for job in jobs)
         facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
         facts.update(items=len(jobs), tokens=sum(job.tokens for job in jobs))
