@@ -40,13 +40,25 @@ def _reference(model, x):
 
 
 def test_gru_token_model_matches_numpy_and_ignores_padding():
+    """Scoring folds the standardisation into the input projection and packs unpadded rows; training standardises a
+    padded batch. Both equal the NumPy equations, with one feature far from zero (mean / deviation about 1,000, as
+    one of SmolLM2's hidden-state features is), where folding could lose digits."""
+    import torch
+
     rng = np.random.default_rng(0)
     x = [rng.normal(size=(n, 6)).astype(np.float32) for n in (3, 11, 7, 1, 9)]
+    for t in x:
+        t[:, 5] = 1000.0 + t[:, 5]
     y = [(t[:, 0] + 0.5 * np.r_[0, t[:-1, 1]] > 0.3).astype(np.int8) for t in x]  # depends on the neighbour too
     model = sequence.fit(x * 20, y * 20, hidden=8, epochs=40)
     batched = sequence.logodds(model, x)
-    for t, z in zip(x, batched):
+    net = sequence._loaded(model)[0]
+    with torch.no_grad():
+        padded = net(*sequence._batch(x, sequence._scale(unpack(model["mean"]), unpack(model["std"])),
+                                      range(len(x)))).numpy()
+    for k, (t, z) in enumerate(zip(x, batched)):
         np.testing.assert_allclose(z, _reference(model, t.astype(float)), atol=1e-4)
+        np.testing.assert_allclose(z, padded[k, :len(t)], atol=1e-5)
         np.testing.assert_allclose(z, sequence.logodds(model, [t])[0], atol=1e-5)
     labels, scores = np.concatenate(y), np.concatenate(batched)
     assert scores[labels == 1].mean() > scores[labels == 0].mean() + 1.0

@@ -127,7 +127,8 @@ _NETS: dict[int, tuple] = {}
 
 
 def _loaded(model: dict, device="cpu"):
-    """``(network, scale)`` of a fitted token model, in evaluation mode, on ``device`` (scale: :func:`_scale`)."""
+    """``(network, mean, weight, bias)`` of a fitted token model, in evaluation mode, on ``device``: the network and
+    its input projection of centred features (:func:`_folded`)."""
     import torch
 
     key = (id(model["state"]), str(device))
@@ -136,24 +137,44 @@ def _loaded(model: dict, device="cpu"):
         net = _module(model["n_in"], model["hidden"])
         net.load_state_dict({k: torch.tensor(unpack(v), dtype=torch.float32) for k, v in model["state"].items()})
         net.to(device).eval()
-        scale = _scale(unpack(model["mean"]), unpack(model["std"]), device)
+        folded = [t.to(device) for t in _folded(net, unpack(model["mean"]), unpack(model["std"]))]
         if len(_NETS) >= 8:
             _NETS.clear()
-        entry = _NETS[key] = (model["state"], net, scale)
+        entry = _NETS[key] = (model["state"], net, *folded)
     return entry[1:]
+
+
+def _folded(net, mean, std):
+    """``(mean, weight, bias)`` of the input projection of centred features: ``W (x - mean) / std + b = (W / std)
+    (x - mean) + b``. Scoring then makes one centred copy of each answer's features, not a padded copy and a
+    standardised one (on 200 RAGTruth answers those copies were 44 % of the token model's time on a CPU). The mean
+    is subtracted rather than folded into the bias: one of SmolLM2's hidden-state features lies 969 deviations from
+    zero, and folding it lost two digits of the log-odds."""
+    import torch
+
+    w = net.inp.weight.detach().cpu().double().numpy() / np.asarray(std, dtype=np.float64)
+    return (torch.from_numpy(np.asarray(mean, dtype=np.float32)), torch.from_numpy(w.astype(np.float32)),
+            net.inp.bias.detach().cpu().clone())
 
 
 def logodds(model: dict, x: list[np.ndarray], device="cpu") -> list[np.ndarray]:
     """Per answer of ``x``, the log-odds of every token; the network runs on ``device`` (the scoring model's: on a
-    GPU a batch of answers costs about one CPU answer)."""
+    GPU a batch of answers costs about one CPU answer). The answers' tokens are centred and projected as one unpadded
+    block of rows (:func:`_folded`), and only the projection, 2 x ``hidden`` wide, is packed for the GRU: the same
+    function as the network's ``forward`` on standardised, padded inputs, which training uses."""
     import torch
+    from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
-    net, scale = _loaded(model, device)
+    net, mean, weight, bias = _loaded(model, device)
+    device = weight.device
     out = []
     with torch.no_grad():
         for start in range(0, len(x), BATCH):
-            rows = list(range(start, min(start + BATCH, len(x))))
-            batch, lengths = _batch(x, scale, rows)
-            z = net(batch, lengths).cpu().numpy().astype(float)
-            out += [z[k, :lengths[k]] for k in range(len(rows))]
+            part = x[start:start + BATCH]
+            lengths = [len(t) for t in part]
+            h = torch.nn.functional.gelu(torch.nn.functional.linear(upload(part, device) - mean, weight, bias))
+            h, _ = net.rnn(pack_sequence(torch.split(h, lengths), enforce_sorted=False))
+            h, _ = pad_packed_sequence(h, batch_first=True)
+            z = net.out(h)[..., 0].cpu().numpy().astype(float)
+            out += [z[k, :n] for k, n in enumerate(lengths)]
     return out
