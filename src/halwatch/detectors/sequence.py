@@ -48,23 +48,24 @@ def _module(n_in: int, hidden: int):
     return Net()
 
 
-def _scale(mean, std, device="cpu"):
-    """``[2, F]`` on ``device``: the inputs' mean and standard deviation, for :func:`_batch`."""
+def _scale(mean, std):
+    """``[2, F]``: the inputs' mean and standard deviation, for :func:`_batch`."""
     import torch
 
-    return torch.from_numpy(np.stack([mean, std]).astype(np.float32)).to(device)
+    return torch.from_numpy(np.stack([mean, std]).astype(np.float32))
 
 
 def _batch(x: list[np.ndarray], scale, rows):
-    """``(inputs [B, T, F] on scale's device, lengths)`` of answers ``rows`` of ``x``, standardised there by
-    ``scale`` (:func:`_scale`; the padding is standardised too, and the network never reads it)."""
+    """``(inputs [B, T, F], lengths)`` of answers ``rows`` of ``x``, padded and standardised by ``scale``
+    (:func:`_scale`; the padding is standardised too, and the network never reads it): training's layout, on the
+    CPU. Scoring reads unpadded rows (:func:`logodds`)."""
     import torch
 
     lengths = [len(x[i]) for i in rows]
     out = np.zeros((len(rows), max(lengths), scale.shape[1]), dtype=np.float32)
     for k, i in enumerate(rows):
         out[k, :lengths[k]] = x[i]
-    return (upload(out, scale.device) - scale[0]) / scale[1], torch.tensor(lengths)
+    return (torch.from_numpy(out) - scale[0]) / scale[1], torch.tensor(lengths)
 
 
 def moments(x: list[np.ndarray], rows: int = 1 << 14) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +148,7 @@ def _loaded(model: dict, device="cpu"):
 def _folded(net, mean, std):
     """``(mean, weight, bias)`` of the input projection of centred features: ``W (x - mean) / std + b = (W / std)
     (x - mean) + b``. Scoring then makes one centred copy of each answer's features, not a padded copy and a
-    standardised one (on 200 RAGTruth answers those copies were 44 % of the token model's time on a CPU). The mean
+    standardised one (on 209 RAGTruth answers those copies were 44 % of the token model's time on a CPU). The mean
     is subtracted rather than folded into the bias: one of SmolLM2's hidden-state features lies 969 deviations from
     zero, and folding it lost two digits of the log-odds."""
     import torch
