@@ -78,8 +78,10 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
 @pytest.mark.parametrize("args,message", [
     (["score", "--response", "r", "--prompt", "p", "--model", "/no/such/model"], "unknown model '/no/such/model'"),
     (["score", "--response", "r", "--prompt", "p", "--detector", "nope"], "no artifact file 'nope'"),
-    (["score", "--response", "r", "--prompt", "p", "--input-mode", "chat"], "fitted with input_mode=raw"),
-    (["score", "--response", "", "--prompt", "p"], "empty response"),
+    # a bad record or setting is refused before the model loads: the unknown model is never reached
+    (["score", "--response", "r", "--prompt", "p", "--input-mode", "chat", "--model", "/no/such/model"],
+     "fitted with input_mode=raw"),
+    (["score", "--response", "", "--prompt", "p", "--model", "/no/such/model"], "empty response"),
     (["score", "--input", "x.jsonl"], "--input needs --output"),
     (["score", "--response", "r", "--prompt", "p", "--min-span-confidence", "1.5"],
      "min_span_confidence must be in [0, 1], not 1.5"),
@@ -88,6 +90,18 @@ def test_clear_errors(args, message):
     proc = run(*args, check=False)
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["fit", "calibrate"])
+def test_unlabelled_records_are_refused_before_the_model_loads(tmp_path, command):
+    data = tmp_path / "unlabelled.jsonl"
+    write_jsonl(data, [{"id": "a", "context": CONTEXT, "question": "q", "response": "r", "label": 0},
+                       {"id": "b", "context": CONTEXT, "question": "q", "response": "r"}])
+    proc = run(command, "--input", str(data), "--output", str(tmp_path / "out.json"), "--model", "/no/such/model",
+               *(["--detector", "perplexity"] if command == "fit" else []), check=False)
+    assert proc.returncode == 2 and not (tmp_path / "out.json").exists()
+    assert proc.stderr.strip().splitlines()[-1].endswith("id=b: record has no label: this needs 'label' on every "
+                                                         "record")
 
 
 def test_models_list_shows_the_cached_default():

@@ -215,13 +215,13 @@ def cmd_score(args) -> int:
         artifact = {**artifact, "min_span_confidence": check_confidence(args.min_span_confidence)}
     if args.ray is not None:
         return _score_on_ray(args, artifact)
-    scorer = _scorer_from(args, artifact)
-    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
-    if single:
+    if single:  # the records are read and checked before the model loads: a bad one is refused at once
         samples = [Sample(response=args.response, prompt=args.prompt or "", context=args.context,
                           question=args.question, id=args.id, task=args.task)]
     else:
         samples = _read_input(args.input, args.skip_invalid, args.task)
+    scorer = _scorer_from(args, artifact)
+    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     samples, views = _encode_all(scorer, samples, args.skip_invalid, windows=True)
     signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
     records = detector.verdicts(views, signals)
@@ -257,10 +257,10 @@ def _labelled_input(args, scorer):
         if not samples:
             raise InputError(f"no samples of the split(s) {args.split} in {', '.join(args.datasets)}")
         describe = f"{', '.join(args.datasets)}: split {args.split}"
-    samples, _ = _encode_all(scorer, samples, args.skip_invalid)
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled:
         raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)
+    samples, _ = _encode_all(scorer, samples, args.skip_invalid)
     return samples, args.describe or describe
 
 
@@ -297,11 +297,11 @@ def cmd_calibrate(args) -> int:
 
     artifact = read_artifact(args.detector)
     scorer = _scorer_from(args, artifact)
-    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
-    samples, describe = _labelled_input(args, scorer)
+    samples, describe = _labelled_input(args, scorer)  # its records are checked before the model loads
     labels = [s.label for s in samples]
     if len(set(labels)) < 2:
         raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
+    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     report = detector.recalibrate(detector.answers(samples, progress=True)[1], labels, args.target_fpr, describe)
     detector.save(args.output)
     tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"

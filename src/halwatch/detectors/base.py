@@ -532,15 +532,15 @@ class Detector:
         det.fitted_on = d.get("fitted_on", {})
         det.set_state(d.get("state", {}))
         if scorer is not None and det.identity:
-            mine = scorer.identity()
-            for key in ("weights_sha256", "input_mode"):
-                if mine[key] != det.identity[key]:
+            for key in ("input_mode", "weights_sha256"):  # the mode first: its refusal comes before the model loads
+                mine = scorer.input_mode if key == "input_mode" else scorer.identity()[key]
+                if mine != det.identity[key]:
                     raise HalwatchError(
                         f"detector was fitted with {key}={det.identity[key]} ({det.identity['scoring_model']}), "
-                        f"but the scorer has {key}={mine[key]}: fit it again for this setting (`halwatch fit`)"
+                        f"but the scorer has {key}={mine}: fit it again for this setting (`halwatch fit`)"
                     )
             fitted = det.identity.get("dtype", "float32")  # artifacts from before the choice were float32
-            if mine["dtype"] != fitted:
+            if scorer.identity()["dtype"] != fitted:
                 log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ "
-                            "slightly from the fitted model's", d["detector"], fitted, mine["dtype"])
+                            "slightly from the fitted model's", d["detector"], fitted, scorer.identity()["dtype"])
         return det
