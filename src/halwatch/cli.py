@@ -223,21 +223,53 @@ def cmd_score(args) -> int:
     scorer = _scorer_from(args, artifact)
     detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     samples, views = _encode_all(scorer, samples, args.skip_invalid, windows=True)
-    signals = scorer.signals(samples, detector.request(), progress=not single, views=views)
-    records = detector.verdicts(views, signals)
+    records = _verdicts_in_chunks(scorer, detector, views, progress=not single)
     if single:
-        print(json.dumps(records[0], ensure_ascii=False, indent=1))
+        print(json.dumps(next(records), ensure_ascii=False, indent=1))
         return 0
     if args.output == "-":
         for record in records:
-            print(json.dumps(record, ensure_ascii=False))
+            print(json.dumps(record, ensure_ascii=False), flush=True)
         return 0
     from halwatch.data.jsonl import write_jsonl
 
-    write_jsonl(args.output, records)
-    flagged = sum(r["hallucinated"] for r in records)
-    note(f"scored {len(records)} responses, {flagged} flagged as hallucinated -> {args.output}")
+    counts = {"scored": 0, "flagged": 0}
+
+    def counted(rows):
+        for r in rows:
+            counts["scored"] += 1
+            counts["flagged"] += r["hallucinated"]
+            yield r
+
+    write_jsonl(args.output, counted(records))
+    note(f"scored {counts['scored']} responses, {counts['flagged']} flagged as hallucinated -> {args.output}")
     return 0
+
+
+#: Views (answers, or windows of a long context) whose signals ``halwatch score`` holds at once: an answer's
+#: signals and features take a few MB (400 RAGTruth answers held whole: 2.4 GB of resident memory), so a file is
+#: scored and written a chunk at a time and memory stays flat however long it is.
+CHUNK = 256
+
+
+def _verdicts_in_chunks(scorer, detector, views, progress: bool):
+    """:meth:`~halwatch.detectors.base.Detector.verdicts` of ``views``, in order, computed :data:`CHUNK` views at
+    a time (the windows of one answer stay in one chunk), under one progress bar."""
+    from halwatch.progress import progress as progress_bar
+    from halwatch.tokens import window_groups
+
+    request = detector.request()
+    groups = window_groups(views)
+    with progress_bar(total=len(views), disable=not progress, desc="forward", unit="sample") as bar:
+        start = 0
+        while start < len(groups):
+            stop, size = start, 0
+            while stop < len(groups) and (size == 0 or size + len(groups[stop]) <= CHUNK):
+                size += len(groups[stop])
+                stop += 1
+            part = views[groups[start][0]:groups[stop - 1][-1] + 1]
+            yield from detector.verdicts(part, scorer.signals([v.sample for v in part], request, views=part, bar=bar))
+            start = stop
 
 
 def _labelled_input(args, scorer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,8 +150,10 @@ class Scorer:
         return out
 
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
-                views: list[TokenView] | None = None) -> list[Signals]:
-        """Signals of every sample, from the cache where present, else from batched forward passes."""
+                views: list[TokenView] | None = None, bar=None) -> list[Signals]:
+        """Signals of every sample, from the cache where present, else from batched forward passes. ``bar``: a
+        caller's progress bar over several calls, advanced by every sample (cached ones at once) instead of a
+        bar of this call's forward passes (``progress``)."""
         self._check(request)
         views = views if views is not None else [self.encode(s) for s in samples]
         results: list[Signals | None] = [None] * len(views)
@@ -182,7 +185,10 @@ class Scorer:
             for i, sig in zip(away, self.remote([samples[i] for i in away], request)):
                 keep(i, sig)
             todo = [i for i in todo if views[i].window[0] != views[i].window[1] - 1]
-        with progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample") as bar:
+        if bar is not None:
+            bar.update(len(views) - len(todo))
+        with (nullcontext(bar) if bar is not None else
+              progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample")) as bar:
             for batch in self.batches([len(views[i].input_ids) for i in todo]):
                 batch = [todo[j] for j in batch]
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
