@@ -4,7 +4,7 @@ import pytest
 
 from halwatch import InputError, Sample
 from halwatch.sample import QA_TEMPLATE
-from halwatch.tokens import encode, encode_many, encode_windows, window_groups
+from halwatch.tokens import encode, encode_many, encode_windows, runs_within, window_groups
 
 TRICKY = [
     "Plain answer.",
@@ -182,3 +182,8 @@ def test_tokenizing_many_together_gives_the_views_of_one_at_a_time(smol, probe, 
     assert [kept[0][0].input_ids, kept[2][0].input_ids] == [encode(s, smol.tokenizer, mode, 300).input_ids
                                                             for s in (samples[0], samples[1])]
     assert encode_many([], smol.tokenizer, mode) == []
+
+
+def test_runs_within_a_limit_keep_order_and_give_an_oversized_item_its_own_run():
+    assert runs_within([3, 1, 1, 5, 1], 4) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+    assert runs_within([1] * 5, 10) == [range(0, 5)] and runs_within([], 4) == []

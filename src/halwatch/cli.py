@@ -256,20 +256,14 @@ def _verdicts_in_chunks(scorer, detector, views, progress: bool):
     """:meth:`~halwatch.detectors.base.Detector.verdicts` of ``views``, in order, computed :data:`CHUNK` views at
     a time (the windows of one answer stay in one chunk), under one progress bar."""
     from halwatch.progress import progress as progress_bar
-    from halwatch.tokens import window_groups
+    from halwatch.tokens import runs_within, window_groups
 
     request = detector.request()
     groups = window_groups(views)
     with progress_bar(total=len(views), disable=not progress, desc="forward", unit="sample") as bar:
-        start = 0
-        while start < len(groups):
-            stop, size = start, 0
-            while stop < len(groups) and (size == 0 or size + len(groups[stop]) <= CHUNK):
-                size += len(groups[stop])
-                stop += 1
-            part = views[groups[start][0]:groups[stop - 1][-1] + 1]
+        for run in runs_within([len(g) for g in groups], CHUNK):
+            part = views[groups[run.start][0]:groups[run.stop - 1][-1] + 1]
             yield from detector.verdicts(part, scorer.signals([v.sample for v in part], request, views=part, bar=bar))
-            start = stop
 
 
 def _labelled_input(args, scorer):

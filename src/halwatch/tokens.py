@@ -379,6 +379,20 @@ def _windows(sample: Sample, tokenizer, input_mode: str, max_tokens: int, max_wi
     return views
 
 
+def runs_within(sizes, limit: int) -> list[range]:
+    """Consecutive runs of indices into ``sizes`` whose sizes add up to at most ``limit``, in order; an item larger
+    than ``limit`` makes a run alone. Pieces of work that bound memory: views scored at once, rows read at once."""
+    runs, start = [], 0
+    while start < len(sizes):
+        stop, size = start, 0
+        while stop < len(sizes) and (size == 0 or size + sizes[stop] <= limit):
+            size += sizes[stop]
+            stop += 1
+        runs.append(range(start, stop))
+        start = stop
+    return runs
+
+
 def window_groups(views) -> list[list[int]]:
     """The indices of each answer's views in ``views``: the windows ``(0, n) .. (n - 1, n)`` of one sample's long
     context (:func:`encode_windows`) come together and in order, and form one answer; any other view is one."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from halwatch.detectors.classifiers import pack, unpack
 from halwatch.models.forward import upload
+from halwatch.tokens import runs_within
 
 HIDDEN = 32
 EPOCHS = 4
@@ -73,14 +74,8 @@ def moments(x: list[np.ndarray], rows: int = 1 << 14) -> tuple[np.ndarray, np.nd
     float64, in two passes over pieces of about ``rows`` rows: never a float64 copy of all of them (for 8,000
     answers of SmolLM2's 1,400 token features that copy alone was 9 GB, and ``halwatch fit`` ran out of memory)."""
     def pieces():
-        start = 0
-        while start < len(x):
-            end, size = start, 0
-            while end < len(x) and (size == 0 or size + len(x[end]) <= rows):
-                size += len(x[end])
-                end += 1
-            yield np.concatenate(x[start:end]).astype(np.float64)
-            start = end
+        for run in runs_within([len(t) for t in x], rows):
+            yield np.concatenate(x[run.start:run.stop]).astype(np.float64)
 
     count = sum(len(t) for t in x)
     mean = sum(piece.sum(0) for piece in pieces()) / count
