@@ -16,7 +16,7 @@ import pytest
 
 from halwatch.client import AsyncClient, BadRequest, Busy, Client, NotFound, TooLarge, Unauthorized
 from halwatch.data.jsonl import write_jsonl
-from halwatch.serve.common import Running
+from halwatch.serve.common import Running, Worker
 from halwatch.serve.scoring import Limits, build_app
 
 INSULIN = {"context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
@@ -176,10 +176,13 @@ def test_overload_is_refused_at_once_never_left_to_time_out(smol):
 
         replies = asyncio.run(flood())
         statuses = [r.status_code for r, _ in replies]
+        # no 504: every admitted request was answered within the limit, as the server measures it (the client's own
+        # times here include this process's 40 connections, which share its two cores with the server)
         assert 429 in statuses and 200 in statuses and set(statuses) <= {200, 429}, statuses
         refused = [(r, t) for r, t in replies if r.status_code == 429]
-        assert max(t for _, t in refused) < 1.0
-        assert max(t for r, t in replies if r.status_code == 200) < 3.0  # admitted ones came within the limit
+        at_once = [t for r, t in refused if "admitted" not in r.json()["error"]["message"]]
+        assert at_once and max(at_once) < 1.0
+        assert all(t < 3.0 for r, t in refused)  # shed after admission (next test): still before the limit
         busy = refused[0][0]
         assert int(busy.headers["retry-after"]) >= 1 and "busy" in busy.json()["error"]["message"]
         with pytest.raises(Busy) as err:
@@ -191,6 +194,40 @@ def test_overload_is_refused_at_once_never_left_to_time_out(smol):
             Client(running.url).score([{**INSULIN, "response": "Beta cells. " * 200}] * 64)
         metrics = httpx.get(running.url + "/metrics").text
         assert "halwatch_queue_wait_seconds_count" in metrics and 'verdict="supported"' in metrics
+        assert httpx.get(running.url + "/health/ready").status_code == 200
+    finally:
+        running.stop()
+
+
+def test_work_admitted_on_a_low_estimate_is_shed_before_it_times_out(smol):
+    """Admission trusts the seconds per token measured so far. Where the model then runs slower (here the estimate
+    is set 5x too low, as a warm-up on an idle machine would be for a busy one), the answers admitted on it are
+    refused as soon as a finished batch shows they would be late: 429 with Retry-After, never a 504. The worker's
+    arithmetic, by hand: at 0.01 s per unit, 100 units ahead, an answer admitted 1 s ago of 100 units is done 3 s
+    after its admission, past 80 % of a 3 s limit; the one before it, 2 s after."""
+    worker = Worker(1000, 3.0)
+    worker.measured(100, 1.0)
+    assert worker.overdue([(100, 9.0), (100, 9.0)], 10.0) == {1: pytest.approx(3.0)}
+    assert worker.overdue([(50, 10.0)], 10.0) == {}
+    app = build_app(["default"], models={"smollm2-135m": smol},
+                    limits=Limits(queue_tokens=20_000, timeout=3.0, batch_size=1, batch_wait=0.0))
+    running = Running(app)
+    try:
+        worker = app.state.service.worker
+        rate = worker.rate
+        worker.recent.clear()
+        worker.measured(1, rate / 5)
+        body = {**INSULIN, "response": "Insulin is produced by the beta cells of the pancreatic islets. " * 8}
+
+        async def flood():
+            async with httpx.AsyncClient(timeout=120) as http:
+                return await asyncio.gather(*(http.post(running.url + "/v1/score", json=body) for _ in range(12)))
+
+        replies = asyncio.run(flood())
+        statuses = [r.status_code for r in replies]
+        assert 200 in statuses and set(statuses) <= {200, 429}, statuses
+        shed = [r for r in replies if r.status_code == 429 and "admitted" in r.json()["error"]["message"]]
+        assert shed and all(int(r.headers["retry-after"]) >= 1 for r in shed)
         assert httpx.get(running.url + "/health/ready").status_code == 200
     finally:
         running.stop()

@@ -531,6 +531,23 @@ class Worker:
                                 f"the {self.deadline:g} s limit: retry later", "queue_full",
                            headers={"Retry-After": str(max(1, math.ceil(wait - budget)))})
 
+    def overdue(self, waiting: list[tuple[int, float]], now: float) -> dict[int, float]:
+        """``{index: estimated seconds from its admission to done}`` for the admitted work still waiting
+        (``(cost, admitted at)`` in the order it will run, nothing running ahead of it) that, at the seconds per
+        unit measured by now, would be done past the share of the deadline that admission allows: work admitted
+        on an estimate that the batches since have proved too low (a flood slows the model thread while the event
+        loop parses it). Refused at once, it is a 429 the client can act on instead of a 504 later."""
+        if self.rate is None:
+            return {}
+        ahead, late = 0, {}
+        for i, (cost, since) in enumerate(waiting):
+            answered = now + (ahead + cost) * self.rate - since
+            if answered > self.deadline * self.DEADLINE_SHARE:
+                late[i] = answered
+            else:
+                ahead += cost
+        return late
+
     def release(self, cost: int) -> None:
         self.queued -= cost
 

@@ -27,6 +27,7 @@ the event loop. Requests are tokenized off the event loop too.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -373,6 +374,9 @@ class ScoringService:
         except asyncio.TimeoutError:
             give_up()
             raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
+        except ApiError:  # one answer refused (shed): its request's other answers are not scored either
+            give_up()
+            raise
         finally:
             if watch is not None:
                 watch.cancel()
@@ -400,7 +404,7 @@ class ScoringService:
                     pending.append(await asyncio.wait_for(self.queue.get(), left))
                 except asyncio.TimeoutError:
                     break
-            pending = [j for j in pending if not j.future.done()]  # timed out while waiting
+            pending = self.shed([j for j in pending if not j.future.done()], loop.time())  # (done: gone)
             if not pending:
                 continue
             chosen = pick_batch([j.tokens for j in pending], self.batch_size, limits.batch_tokens,
@@ -426,6 +430,20 @@ class ScoringService:
                     self.on_job(job, result)
                 if not job.future.done():
                     job.future.set_result(result)
+
+    def shed(self, pending: list[_Job], now: float) -> list[_Job]:
+        """``pending`` less the answers that would now be done past the deadline (:meth:`Worker.overdue`): each
+        of those is refused, 429 with ``Retry-After``, and its request with it (:meth:`score`)."""
+        late = self.worker.overdue([(j.cost, j.queued_at) for j in pending], now)
+        budget = self.limits.timeout * self.worker.DEADLINE_SHARE
+        for i, answered in late.items():
+            err = ApiError(429, f"the server is busy: admitted, this request would now be answered in about "
+                                f"{answered:.1f} s, past the {self.limits.timeout:g} s limit (the model runs slower "
+                                f"than estimated): retry later", "queue_full",
+                           headers={"Retry-After": str(max(1, math.ceil((self.worker.wait() or 0) - budget)))})
+            pending[i].future.set_exception(err)
+            pending[i].future.exception()  # retrieved: its request raises the first of its answers' errors
+        return [j for i, j in enumerate(pending) if i not in late]
 
     def compute(self, batch: list[_Job]) -> list[dict]:
         """One batch on the model thread: one padded forward pass per scorer, asking for the merged signals of
