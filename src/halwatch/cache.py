@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from halwatch.files import replaced
 from halwatch.models.forward import SignalRequest, Signals
 
 FORMAT_VERSION = 2
@@ -75,13 +74,5 @@ class SignalCache:
             return None
 
     def put(self, key: str, signals: Signals) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write_signals(f, signals)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replaced(self._path(key), binary=True) as f:
+            write_signals(f, signals)

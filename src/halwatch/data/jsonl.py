@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from halwatch.errors import InputError
+from halwatch.files import replaced
 from halwatch.sample import Sample
 
 FIELDS = {"id", "prompt", "context", "question", "task", "response", "label", "spans", "context_span", "meta"}
@@ -119,15 +118,8 @@ def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, promp
 
 
 def write_jsonl(path: str | Path, records) -> None:
-    """Write records atomically: the file appears whole or not at all."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write records (any iterable: they are written as they come) atomically: the file appears whole or not at
+    all."""
+    with replaced(path) as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -27,8 +27,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import ClassVar
 
@@ -38,6 +36,7 @@ from halwatch.detectors.calibration import Calibrator, best_f1_threshold
 from halwatch.detectors.linear import folds_of
 from halwatch.detectors.spans import PLAIN, fit_span_confidence, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
+from halwatch.files import replaced
 from halwatch.models.forward import SignalRequest, Signals
 from halwatch.sample import Sample
 from halwatch.signals import reducers
@@ -502,13 +501,9 @@ class Detector:
         }
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
+        with replaced(path) as f:
             json.dump(self.to_dict(), f, indent=1)
             f.write("\n")
-        os.replace(tmp, path)
 
     @classmethod
     def from_dict(cls, d: dict, scorer=None) -> "Detector":

@@ -9,6 +9,7 @@ import numpy as np
 
 from halwatch.errors import InputError
 from halwatch.eval.metrics import evaluate, span_scores
+from halwatch.files import replaced
 from halwatch.models.forward import SignalRequest, whitebox_request
 
 log = logging.getLogger("halwatch")
@@ -407,8 +408,6 @@ def save_results(out_dir, rows, predictions) -> None:
     """Merge rows into ``results.json`` and predictions into ``predictions.jsonl`` (a rerun replaces the rows of
     the same dataset, detector, protocol, seed, input mode and scoring model); both written atomically."""
     import json
-    import os
-    import tempfile
     from pathlib import Path
 
     out = Path(out_dir)
@@ -425,10 +424,8 @@ def save_results(out_dir, rows, predictions) -> None:
             old = json.loads(text) if name.endswith(".json") else [json.loads(x) for x in text.splitlines() if x]
         fresh = {key(r) for r in new}
         merged = [r for r in old if key(r) not in fresh] + list(new)
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
+        with replaced(path) as f:
             if name.endswith(".json"):
                 json.dump(merged, f, indent=1)
             else:
                 f.writelines(json.dumps(r) + "\n" for r in merged)
-        os.replace(tmp, path)
