@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from halwatch.errors import ModelError
+from halwatch.files import replaced
 from halwatch.models import registry
 
 log = logging.getLogger("halwatch")
@@ -127,10 +128,8 @@ def _folder_hash(folder: Path) -> str:
         digest.update(registry.sha256_file(p).encode())
     value = digest.hexdigest()
     memo[key] = {"stamp": stamp, "sha256": value}
-    memo_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo_path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(memo))
-    os.replace(tmp, memo_path)
+    with replaced(memo_path) as f:
+        f.write(json.dumps(memo))
     return value
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from halwatch.errors import HalwatchError
+from halwatch.files import replaced
 from halwatch.watchdog import monitor
 from halwatch.watchdog.agent import EndpointAgent, TargetAgent, open_domain
 from halwatch.watchdog.clients import open_client, yes_probability
@@ -329,9 +330,8 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
               "cases": {c: sum(r["halmit_case"] == c for r in rows) for c in sorted({r["halmit_case"] for r in rows})},
               "by_label": {"contains": by_label["contains"]}, "rows": rows}
     if out:
-        tmp = Path(str(out) + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1, default=float))
-        tmp.replace(out)
+        with replaced(out) as f:
+            f.write(json.dumps(result, indent=1, default=float))
     return result
 
 
