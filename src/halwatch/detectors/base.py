@@ -534,8 +534,8 @@ class Detector:
                         f"detector was fitted with {key}={det.identity[key]} ({det.identity['scoring_model']}), "
                         f"but the scorer has {key}={mine}: fit it again for this setting (`halwatch fit`)"
                     )
-            fitted = det.identity.get("dtype", "float32")  # artifacts from before the choice were float32
-            if scorer.identity()["dtype"] != fitted:
+            fitted, own = det.identity.get("dtype", "float32"), scorer.identity()["dtype"]  # before the choice: float32
+            if own != fitted:
                 log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ "
-                            "slightly from the fitted model's", d["detector"], fitted, scorer.identity()["dtype"])
+                            "slightly from the fitted model's", d["detector"], fitted, own)
         return det

@@ -529,7 +529,12 @@ class Worker:
         if wait is not None and wait > budget:
             raise ApiError(429, f"the server is busy: this request would be answered in about {wait:.1f} s, past "
                                 f"the {self.deadline:g} s limit: retry later", "queue_full",
-                           headers={"Retry-After": str(max(1, math.ceil(wait - budget)))})
+                           headers=self.retry_after(wait))
+
+    def retry_after(self, wait: float) -> dict:
+        """The ``Retry-After`` header of a 429 for work that would be done in ``wait`` seconds: when it would
+        fit the share of the deadline that admission allows."""
+        return {"Retry-After": str(max(1, math.ceil(wait - self.deadline * self.DEADLINE_SHARE)))}
 
     def overdue(self, waiting: list[tuple[int, float]], now: float) -> dict[int, float]:
         """``{index: estimated seconds from its admission to done}`` for the admitted work still waiting

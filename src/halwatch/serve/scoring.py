@@ -27,7 +27,6 @@ the event loop. Requests are tokenized off the event loop too.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -435,12 +434,11 @@ class ScoringService:
         """``pending`` less the answers that would now be done past the deadline (:meth:`Worker.overdue`): each
         of those is refused, 429 with ``Retry-After``, and its request with it (:meth:`score`)."""
         late = self.worker.overdue([(j.cost, j.queued_at) for j in pending], now)
-        budget = self.limits.timeout * self.worker.DEADLINE_SHARE
         for i, answered in late.items():
             err = ApiError(429, f"the server is busy: admitted, this request would now be answered in about "
                                 f"{answered:.1f} s, past the {self.limits.timeout:g} s limit (the model runs slower "
                                 f"than estimated): retry later", "queue_full",
-                           headers={"Retry-After": str(max(1, math.ceil((self.worker.wait() or 0) - budget)))})
+                           headers=self.worker.retry_after(self.worker.wait()))
             pending[i].future.set_exception(err)
             pending[i].future.exception()  # retrieved: its request raises the first of its answers' errors
         return [j for i, j in enumerate(pending) if i not in late]
