@@ -143,3 +143,32 @@ def test_sources_group_answers():
     a = Sample(context="same text", question="q1", response="r")
     b = Sample(context="same text", question="q2", response="s")
     assert a.source == b.source != Sample(context="other", question="q1", response="r").source
+
+
+def test_squad_shapes_through_ragtruths_prompt():
+    """`squad-shapes-ragtruth`: each SQuAD-built answer in RAGTruth's own QA prompt, whose instruction lines are read
+    from RAGTruth's source file (all but the passage count: one passage here, three there); the context is marked,
+    and the answer, label, spans, split and source are those of the `qa` rendering."""
+    from halwatch.eval.protocols import load_dataset
+
+    with gzip.open(data_root() / "ragtruth" / "source_info.qa.jsonl.gz", "rt", encoding="utf-8") as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    prompts = [p for p in prompts if "passages:\npassage 1:" in p]
+    assert len(prompts) > 900
+    first, _, rest = prompts[0].partition("\n")
+    ask = rest.split("\n", 1)[1].split(" three passages:")[0]
+    tails = Counter(p[p.rindex("\n\nIn case"):] for p in prompts)
+    tail, count = tails.most_common(1)[0]
+    assert count == len(prompts)
+
+    shapes = build_squad_shapes()
+    rendered, generator = load_dataset("squad-shapes-ragtruth")
+    assert generator == "squad" and len(rendered) == len(shapes)
+    for qa, rt in zip(shapes, rendered):
+        lines = rt.prompt.split("\n")
+        assert lines[0] == first and lines[1] == qa.question
+        assert lines[2] == ask + " passage:" and rt.prompt.endswith(tail)
+        assert rt.prompt[rt.context_span[0]:rt.context_span[1]] == qa.context
+        assert rt.prompt[:rt.context_span[0]].endswith("passage 1:")
+        assert (rt.response, rt.label, rt.spans, rt.id) == (qa.response, qa.label, qa.spans, qa.id)
+        assert split_of(rt) == split_of(qa) and rt.source == qa.source and rt.meta["template"] == "ragtruth"

@@ -569,7 +569,8 @@ def _add_bench_parser(sub) -> None:
     r.add_argument("--datasets", nargs="+", required=True,
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
                         "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
-                        "QA template), squad-shapes, faithbench, xsum-hallucination, summedits, bump, diasumfact, "
+                        "QA template), squad-shapes, squad-shapes-ragtruth (the same answers through RAGTruth's "
+                        "prompt), faithbench, xsum-hallucination, summedits, bump, diasumfact, "
                         "begin, faithdial, rotowire, a labelled JSONL file, or several joined by commas (pooled)")
     r.add_argument("--eval-split", choices=["dev", "test"], default="dev",
                    help="shape-transfer: the split scored (default dev; test once per published table)")

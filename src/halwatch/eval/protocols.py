@@ -25,14 +25,15 @@ def dataset_names() -> list[str]:
     from halwatch.data.shared import SETS
 
     return ([f"ragtruth:{g}" for g in (*GENERATORS, "all")] + [f"ragtruth-qa:{g}" for g in (*GENERATORS, "all")]
-            + ["squad-shapes", *SETS])
+            + ["squad-shapes", "squad-shapes-ragtruth", *SETS])
 
 
 def load_dataset(name: str):
     """Samples of a named dataset and its generator (a label for result rows): ``ragtruth:GENERATOR`` (RAGTruth QA
     of one generator, both official splits; ``ragtruth:G1+G2`` several pooled; ``ragtruth:all`` all three),
     ``ragtruth-qa:GENERATOR`` (the same answers with their passages and question rendered through the QA template
-    instead of RAGTruth's prompt), ``squad-shapes`` (:mod:`halwatch.data.shapes`), a shared set of another shape
+    instead of RAGTruth's prompt), ``squad-shapes`` (:mod:`halwatch.data.shapes`), ``squad-shapes-ragtruth`` (the
+    same answers through RAGTruth's prompt, :func:`as_ragtruth_prompt`), a shared set of another shape
     (:data:`halwatch.data.shared.SETS`), a generic JSONL path, or several of these joined by commas (pooled, each
     keeping its own splits). Returns ``(samples, generator)``."""
     from halwatch.data.jsonl import read_jsonl
@@ -47,10 +48,11 @@ def load_dataset(name: str):
         chosen = None if generator == "all" else generator.split("+")
         samples = read_ragtruth(generator=chosen)
         return (samples if kind == "ragtruth" else [as_qa_template(s) for s in samples]), generator
-    if name == "squad-shapes":
+    if name in ("squad-shapes", "squad-shapes-ragtruth"):
         from halwatch.data.shapes import build_squad_shapes
 
-        return build_squad_shapes(), "squad"
+        samples = build_squad_shapes()
+        return (samples if name == "squad-shapes" else [as_ragtruth_prompt(s) for s in samples]), "squad"
     if name in SETS:
         return read_shared(name), name
     samples = read_jsonl(name)
@@ -67,6 +69,29 @@ def as_qa_template(sample):
     passages = sample.prompt[sample.context_span[0]:sample.context_span[1]]
     return Sample(context=passages, question=sample.meta["question"], response=sample.response, id=sample.id,
                   label=sample.label, spans=sample.spans, meta={**sample.meta, "template": "qa"}, task="qa")
+
+
+#: RAGTruth's QA prompt around one passage: its own words (``response.qa_open_models`` sources), with "the following
+#: passage" where RAGTruth has "the following three passages".
+RAGTRUTH_HEAD = ("Briefly answer the following question:\n{question}\nBear in mind that your response should be "
+                 "strictly based on the following passage:\npassage 1:")
+RAGTRUTH_TAIL = ("\n\nIn case the passages do not contain the necessary information to answer the question, please "
+                 'reply with: "Unable to answer based on given passages."\noutput:')
+
+
+def as_ragtruth_prompt(sample):
+    """A ``context`` + ``question`` sample (squad-shapes) rendered through RAGTruth's QA prompt instead of
+    :data:`halwatch.sample.QA_TEMPLATE`: the same answer, spans, label and source, ``context_span`` on the context
+    (``meta["template"] = "ragtruth"``). Trained beside the ``qa`` rendering, the template carries no label: on the
+    dev split, fitted with squad-shapes alone the verdicts on SQuAD-built answers flagged 9 % of the grounded ones in
+    the ``qa`` template and 23 % in this one; with both renderings 9 % and 5 % (docs/results/README.md)."""
+    from halwatch.sample import Sample
+
+    head = RAGTRUTH_HEAD.format(question=sample.question)
+    start = len(head)
+    return Sample(prompt=head + sample.context + RAGTRUTH_TAIL, context_span=(start, start + len(sample.context)),
+                  response=sample.response, id=sample.id, label=sample.label, spans=sample.spans,
+                  meta={**sample.meta, "template": "ragtruth"})
 
 
 def _subset(indices, labels, size, seed):
