@@ -43,9 +43,11 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
 
     # fit an artifact with the command, then score with it
     train = tmp_path / "train.jsonl"
-    write_jsonl(train, [s.to_dict() for s in probe[:6] + probe[-6:]])
+    names = ["a", "b"] * 6  # a `dataset` field: each dataset's grounded answers weigh the same under mean-fpr
+    write_jsonl(train, [{**s.to_dict(), "dataset": name} for s, name in zip(probe[:6] + probe[-6:], names)])
     art = tmp_path / "ppl.json"
-    fitted = run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512")
+    fitted = run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512",
+                 "--set", "decision=mean-fpr=0.2")
     fitted_on = json.loads(art.read_text())["fitted_on"]
     assert fitted_on["n"] == 12 and "span rule: gap " in fitted.stderr
     share = fitted_on["span_fit"]["grounded_with_span"]
@@ -60,6 +62,13 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     assert span_scores([r["spans"] for r in rows], gold)["span_f1"] == pytest.approx(fitted_on["span_fit"]["f1"],
                                                                                     abs=1e-4)
     assert all(r["detector"] == "perplexity" for r in rows)
+    # each dataset's operating point in the artifact is what `score`'s verdicts give on its answers
+    labels = [s.label for s in probe[:6] + probe[-6:]]
+    by_dataset = fitted_on["by_dataset"]
+    for name in ("a", "b"):
+        flags = [r["hallucinated"] for r, y, n in zip(rows, labels, names) if n == name and y == 0]
+        assert by_dataset[name]["fpr"] == pytest.approx(sum(flags) / len(flags), abs=1e-4)
+    assert (by_dataset["a"]["fpr"] + by_dataset["b"]["fpr"]) / 2 <= 0.2 and "at the threshold" in fitted.stderr
 
     # a bad record: one-line error naming it, exit 2, nothing written
     bad = tmp_path / "bad.jsonl"

@@ -95,10 +95,35 @@ def test_decision_rules():
     labels = np.array([0, 0, 0, 0, 0, 1, 0, 1, 1, 1])
     t = fpr_threshold(probs, labels, 0.2)  # 6 grounded answers: at most one may be flagged
     assert ((probs >= t) & (labels == 0)).sum() == 1 and ((probs >= t - 0.11) & (labels == 0)).sum() == 2
-    assert parse_decision("f1") is None and parse_decision("fpr=0.05") == 0.05
-    assert parse_decision("conformal fpr=0.1") == 0.1
-    with pytest.raises(ValueError, match="'f1' or 'fpr=A'"):
-        parse_decision("fpr=2")
+    assert parse_decision("f1") == ("f1", None) and parse_decision("fpr=0.05") == ("fpr", 0.05)
+    assert parse_decision("conformal fpr=0.1") == ("fpr", 0.1) and parse_decision("mean-fpr=0.2") == ("mean-fpr", 0.2)
+    for bad in ("fpr=2", "max-fpr=0.1", "mean-fpr"):
+        with pytest.raises(ValueError, match="'f1', 'fpr=A' or 'mean-fpr=A'"):
+            parse_decision(bad)
+
+
+def test_mean_fpr_threshold_weighs_each_dataset_the_same():
+    """Against a brute-force scan: the lowest threshold among midpoints of the scores whose mean over datasets of
+    the per-dataset false-positive rate is at most the target. A large set of low-scoring grounded answers (short
+    answers) pulls the pooled threshold down; the mean rule holds the small set's rate too."""
+    rng = np.random.default_rng(3)
+    probs = np.concatenate([rng.uniform(0, 0.5, 300), rng.uniform(0.3, 1, 40), rng.uniform(0.5, 1, 60)])
+    labels = np.concatenate([np.zeros(300), np.zeros(40), np.ones(60)]).astype(int)
+    strata = np.array(["short"] * 300 + ["long"] * 100)
+    grounded = np.sort(probs[labels == 0])
+    candidates = np.concatenate([[grounded[0]], (grounded[1:] + grounded[:-1]) / 2, [np.nextafter(grounded[-1], 1)]])
+
+    def mean_fpr(t):
+        return np.mean([(probs[(strata == s) & (labels == 0)] >= t).mean() for s in ("short", "long")])
+
+    for target in (0.05, 0.1, 0.2, 0.3):
+        expected = min(t for t in candidates if mean_fpr(t) <= target)
+        t = fpr_threshold(probs, labels, target, strata)
+        assert mean_fpr(t) <= target and mean_fpr(t) == pytest.approx(mean_fpr(expected))
+        assert t == pytest.approx(expected)
+    pooled, mean = fpr_threshold(probs, labels, 0.1), fpr_threshold(probs, labels, 0.1, strata)
+    long_grounded = probs[(strata == "long") & (labels == 0)]
+    assert (long_grounded >= pooled).mean() > 0.3 and (long_grounded >= mean).mean() <= 0.2
 
 
 def test_operating_point_and_calibration_error():

@@ -304,6 +304,13 @@ def cmd_fit(args) -> int:
     detector.save(args.output)
     note(f"fitted {detector.name} on {len(samples)} samples "
           f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}")
+    by_dataset = detector.fitted_on.get("by_dataset")
+    if by_dataset:
+        def rate(value):
+            return "-" if value is None else f"{value:.2f}"
+
+        note(f"at the threshold {detector.threshold:.3f} ({detector.decision_rule}), out of fold: " + "; ".join(
+            f"{name or 'unnamed'} FPR {rate(row['fpr'])} TPR {rate(row['tpr'])}" for name, row in by_dataset.items()))
     span_fit = detector.fitted_on.get("span_fit")
     if span_fit:
         from halwatch.detectors.spans import describe_rule

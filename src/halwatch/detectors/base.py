@@ -3,7 +3,8 @@
 A detector declares the signals it needs (:meth:`Detector.request`), so that one forward pass can feed many
 detectors, and turns them into a raw score per response (higher = more likely hallucinated) and, where it can, a
 score per response token. ``fit`` runs any supervised step of the method, then fits the calibration to
-probabilities and the decision threshold (best F1) on the probe data, and the token threshold used for spans.
+probabilities and the decision threshold (by its ``decision`` rule) on the probe data, and the token threshold used
+for spans.
 Nothing is hard-coded: an unfitted detector refuses to score.
 
 A supervised method (one whose ``fit_method`` learns from the labels: head selection, a classifier) is calibrated
@@ -64,26 +65,41 @@ def cross_fit(folds, fit, predict, n: int) -> tuple[list, list]:
     return out, models
 
 
-def parse_decision(rule: str) -> float | None:
-    """``"f1"`` -> ``None``; ``"fpr=0.1"`` -> ``0.1`` (the false-positive rate the threshold holds on the probe);
-    ``"conformal fpr=0.1"`` (a threshold set by :meth:`Detector.recalibrate`) reads as ``fpr=0.1`` when refitted."""
+def parse_decision(rule: str) -> tuple[str, float | None]:
+    """A ``decision`` rule as ``(kind, target)``: ``"f1"`` -> ``("f1", None)``; ``"fpr=0.1"`` -> ``("fpr", 0.1)``
+    (the share of the probe's grounded answers the threshold may flag); ``"mean-fpr=0.1"`` -> ``("mean-fpr", 0.1)``
+    (the same share on average over the probe's datasets, each counted once whatever its size); ``"conformal
+    fpr=0.1"`` (a threshold set by :meth:`Detector.recalibrate`) reads as ``fpr=0.1`` when refitted."""
     if rule == "f1":
-        return None
+        return "f1", None
     key, _, value = str(rule).removeprefix("conformal ").partition("=")
     try:
         target = float(value)
     except ValueError:
         target = -1.0
-    if key != "fpr" or not 0 < target < 1:
-        raise ValueError(f"decision: 'f1' or 'fpr=A' with A in (0, 1), not {rule!r}")
-    return target
+    if key not in ("fpr", "mean-fpr") or not 0 < target < 1:
+        raise ValueError(f"decision: 'f1', 'fpr=A' or 'mean-fpr=A' with A in (0, 1), not {rule!r}")
+    return key, target
 
 
-def fpr_threshold(probs, labels, target: float) -> float:
+def fpr_threshold(probs, labels, target: float, strata=None) -> float:
     """A threshold (predict 1 when ``prob >= t``) that flags as many grounded answers as a share ``target`` of
-    them allows and no more: midway between the lowest grounded score it flags and the highest it does not."""
-    grounded = np.sort(np.asarray(probs, dtype=float)[np.asarray(labels) == 0])[::-1]
-    k = int(np.floor(target * len(grounded)))  # this many grounded answers may be flagged
+    them allows and no more: midway between the lowest grounded score it flags and the highest it does not.
+
+    With ``strata`` (the dataset of each answer) the share is the mean over the strata of each stratum's share of
+    grounded answers flagged: every grounded answer weighs ``1 / (strata x its stratum's grounded answers)``, so
+    that a large set of answers that score low (short grounded answers) does not pull the threshold down for the
+    others."""
+    probs, labels = np.asarray(probs, dtype=float), np.asarray(labels)
+    grounded = probs[labels == 0]
+    if strata is None:
+        weights = np.full(len(grounded), 1.0 / len(grounded))
+    else:
+        names, index, counts = np.unique(np.asarray(strata)[labels == 0], return_inverse=True, return_counts=True)
+        weights = 1.0 / (len(names) * counts[index])
+    order = np.argsort(-grounded, kind="stable")
+    grounded, flagged = grounded[order], np.cumsum(weights[order])
+    k = int(np.searchsorted(flagged, target * (1 + 1e-9), side="right"))  # the k highest may be flagged
     if k >= len(grounded):
         return float(grounded[-1])
     return float((grounded[k] + grounded[k - 1]) / 2) if k > 0 else float(np.nextafter(grounded[0], np.inf))
@@ -93,6 +109,26 @@ def groups_of(views) -> np.ndarray | None:
     """The source of each view's sample (:attr:`halwatch.sample.Sample.source`), for folds that keep a source
     together; ``None`` without views."""
     return None if views is None else np.array([v.sample.source for v in views])
+
+
+def datasets_of(views) -> np.ndarray | None:
+    """The dataset each view's sample comes from (``meta["dataset"]``, set by the named datasets' readers; one
+    unnamed stratum for a user's own file), for the ``mean-fpr`` decision rule; ``None`` without views."""
+    return None if views is None else np.array([str(v.sample.meta.get("dataset") or "") for v in views])
+
+
+def operating_points(probs, labels, strata, threshold: float) -> dict:
+    """Per stratum (dataset): its answers, its share hallucinated and the false- and true-positive rates at
+    ``threshold`` of these (out-of-fold) probabilities."""
+    probs, labels, strata = np.asarray(probs), np.asarray(labels), np.asarray(strata)
+    out = {}
+    for name in sorted(set(strata.tolist())):
+        mine = strata == name
+        flagged, y = probs[mine] >= threshold, labels[mine]
+        out[name] = {"n": int(mine.sum()), "rate": round(float(y.mean()), 4),
+                     "fpr": round(float(flagged[y == 0].mean()), 4) if (y == 0).any() else None,
+                     "tpr": round(float(flagged[y == 1].mean()), 4) if (y == 1).any() else None}
+    return out
 
 
 def check_confidence(value) -> float:
@@ -184,13 +220,16 @@ class Detector:
         return type(self)(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
                           prior=self.prior, **self.settings)
 
-    def decision_threshold(self, probs: np.ndarray, labels: np.ndarray) -> float:
+    def decision_threshold(self, probs: np.ndarray, labels: np.ndarray, strata=None) -> float:
         """The decision threshold on calibrated probabilities under the ``decision`` rule: ``f1``, the best F1 on
         the probe data; ``fpr=A``, the lowest threshold at which at most a share ``A`` of the probe's grounded
-        answers is flagged (:func:`fpr_threshold`). Both depend on the order of the scores alone, so the prior the
+        answers is flagged (:func:`fpr_threshold`); ``mean-fpr=A``, the same with each of the ``strata`` (the
+        dataset of each answer) weighing the same. All depend on the order of the scores alone, so the prior the
         probabilities assume does not move the verdicts."""
-        target = parse_decision(self.decision_rule)
-        return best_f1_threshold(probs, labels) if target is None else fpr_threshold(probs, labels, target)
+        kind, target = parse_decision(self.decision_rule)
+        if kind == "f1":
+            return best_f1_threshold(probs, labels)
+        return fpr_threshold(probs, labels, target, strata if kind == "mean-fpr" else None)
 
     def state(self) -> dict:
         return {}
@@ -221,6 +260,7 @@ class Detector:
         if len(np.unique(labels)) < 2:
             raise InputError("the probe data needs both hallucinated (1) and grounded (0) samples")
         groups = np.asarray(groups) if groups is not None else groups_of(views)
+        strata = datasets_of(views)
         if views is not None and not any(v.sample.spans for v in views):
             views = None  # no gold spans: nothing span-level to fit
         self.fit_parts(signals, labels, views, groups)
@@ -230,7 +270,7 @@ class Detector:
             raw, tokens = self.raw_scores(signals), self.token_scores(signals)
         self.calibrator.fit(raw, labels, oriented=self.supervised, prior=self.prior)
         probs = self.calibrator.transform(raw)
-        self.threshold = self.decision_threshold(probs, labels)
+        self.threshold = self.decision_threshold(probs, labels, strata)
         self.fit_ood(self.ood_inputs_held_out(signals, raw))
         span_fit = None
         if tokens is not None:
@@ -240,6 +280,8 @@ class Detector:
                           "calibration": "out-of-fold, folds by source" if self.supervised and groups is not None
                           else "out-of-fold" if self.supervised else "in-sample (unsupervised score)",
                           "decision": self.decision_rule, "prior": self.calibrator.params.get("prior")}
+        if strata is not None and len(set(strata)) > 1:
+            self.fitted_on["by_dataset"] = operating_points(probs, labels, strata, self.threshold)
         if span_fit:
             self.fitted_on["span_fit"] = span_fit
         if self.scorer is not None:
