@@ -551,7 +551,9 @@ def cmd_serve(args) -> int:
 SET_HELP = ("a detector setting, repeatable: n_max=5 (TOHA heads), divergence=mst, n_samples=20 and judge=MODEL "
             "(sampling baselines), C=0.1 (probes), window=8 and window_stride=4 (Lookback Lens span windows), "
             "method=lrp|lrp-cp|ixg, target=token|max, classifier=svm|mlp|random_forest|lstm|threshold, "
-            "features=response|prompt|both and length=220 (LRP4RAG)")
+            "features=response|prompt|both and length=220 (LRP4RAG); of every detector: "
+            "decision=f1|fpr=0.2|mean-fpr=0.2 (the threshold: best F1, or a share of grounded answers flagged, pooled "
+            "or on average over datasets) and prior=0.3 (the share of hallucinated answers the probabilities assume)")
 
 
 def _add_bench_parser(sub) -> None:
