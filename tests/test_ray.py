@@ -26,6 +26,8 @@ from halwatch.detectors import load_detector  # noqa: E402
 from halwatch.sample import Sample  # noqa: E402
 from halwatch.scale import finished_ids, score_records  # noqa: E402
 
+DEMO = os.path.join(os.path.dirname(__file__), os.pardir, "src", "halwatch", "examples", "demo.jsonl")
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -107,6 +109,32 @@ def test_an_interrupted_run_resumes_without_duplicates(cluster, records, local, 
     assert [g["id"] for g in got] == [r["id"] for r in records]  # each once, in the input's order
     for g in got:
         _same(g, local[g["id"]])
+
+
+def test_the_task_option_reaches_ray(cluster, smol, tmp_path):
+    """``--task dialogue`` renders contexts without a question as dialogue on the Ray path too: the scores equal
+    this process's with the dialogue template and differ from the default (summary) rendering."""
+    from halwatch.data.jsonl import read_jsonl
+    from halwatch.scorer import Scorer
+
+    demo = [s for s in read_jsonl(DEMO) if s.question is None]  # the summary pair: a context and no question
+    det = load_detector("default", scorer=Scorer(model=smol, cache=None))
+
+    def scores(task):
+        samples = [Sample(context=s.context, response=s.response, id=s.id, task=task) for s in demo]
+        views = [det._scorer().encode(s) for s in samples]
+        return {r["id"]: r["score"] for r in det.verdicts(views, det._scorer().signals(samples, det.request(),
+                                                                                        views=views))}
+
+    path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(path, [{"id": s.id, "context": s.context, "response": s.response} for s in demo])
+    done = subprocess.run(_command(path, out, cluster, "--task", "dialogue"), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    got = {g["id"]: g["score"] for g in _read(out)}
+    dialogue, summary = scores("dialogue"), scores(None)
+    assert got == pytest.approx(dialogue, abs=1e-4)
+    assert all(abs(dialogue[k] - summary[k]) > 1e-3 for k in got)
 
 
 def test_a_failing_record_is_reported_with_its_id_and_the_others_kept(cluster, records, tmp_path):

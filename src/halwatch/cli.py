@@ -184,7 +184,7 @@ def _score_on_ray(args, artifact: dict) -> int:
 
     if not args.input or args.output in (None, "-"):
         raise InputError("--ray scores a file: give --input FILE and --output FILE (appended to, and resumed)")
-    samples = _read_input(args.input, args.skip_invalid)
+    samples = _read_input(args.input, args.skip_invalid, args.task)  # prompts rendered here, by --task
     stats = score_records([sample_record(s) for s in samples], args.output, detector=artifact,
                           scorer_options=_scorer_options(args), progress=True, **_ray_options(args))
     errors = f"{args.output}.errors.jsonl"
