@@ -304,25 +304,37 @@ def cmd_fit(args) -> int:
     detector.save(args.output)
     note(f"fitted {detector.name} on {len(samples)} samples "
           f"({detector.fitted_on['n_hallucinated']} hallucinated) -> {args.output}")
+    parts = getattr(detector, "parts", None) or {"": detector}
+    if "to_fallback" in detector.fitted_on:
+        note(f"too few answers for a part of their own (judged by the {detector.settings['fallback']} part): "
+             + ", ".join(f"{task} ({row['n']})" for task, row in detector.fitted_on["to_fallback"].items()))
+    for task, part in parts.items():
+        _fit_notes(part, f"{task} part ({part.fitted_on['n']} answers): " if task else "")
+    return 0
+
+
+def _fit_notes(detector, head: str) -> None:
+    """What ``halwatch fit`` prints of a fitted detector (or of one part of a routed one): each dataset's
+    out-of-fold operating point and the span rule."""
     by_dataset = detector.fitted_on.get("by_dataset")
-    if by_dataset:
+    if by_dataset or head:
         def rate(value):
             return "-" if value is None else f"{value:.2f}"
 
-        note(f"at the threshold {detector.threshold:.3f} ({detector.decision_rule}), out of fold: " + "; ".join(
-            f"{name or 'unnamed'} FPR {rate(row['fpr'])} TPR {rate(row['tpr'])}" for name, row in by_dataset.items()))
+        note(f"{head}at the threshold {detector.threshold:.3f} ({detector.decision_rule})" + (
+            ", out of fold: " + "; ".join(f"{name or 'unnamed'} FPR {rate(row['fpr'])} TPR {rate(row['tpr'])}"
+                                          for name, row in by_dataset.items()) if by_dataset else ""))
     span_fit = detector.fitted_on.get("span_fit")
     if span_fit:
         from halwatch.detectors.spans import describe_rule
 
         by_gap = ", ".join(f"{gap}: {f1:.3f}" for gap, f1 in span_fit["by_gap"].items())
         confidence = span_fit.get("confidence") or {}
-        note(f"span rule: {describe_rule(detector.span_rule)}; character span F1 on the held-out training answers "
-             f"{span_fit['f1']:.3f} (best with each gap: {by_gap}); a span in "
+        note(f"{head}span rule: {describe_rule(detector.span_rule)}; character span F1 on the held-out training "
+             f"answers {span_fit['f1']:.3f} (best with each gap: {by_gap}); a span in "
              f"{span_fit['grounded_with_span']:.0%} of the grounded ones; span confidence fitted on "
              f"{confidence.get('n_spans', 0)} spans, {confidence.get('hit_share') or 0:.0%} of them on human spans"
              + ("" if detector.span_calibration else " (not calibrated: spans of one outcome only)"))
-    return 0
 
 
 def cmd_calibrate(args) -> int:
@@ -334,20 +346,27 @@ def cmd_calibrate(args) -> int:
     labels = [s.label for s in samples]
     if len(set(labels)) < 2:
         raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
+    from halwatch.sample import task_of
+
     detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
-    report = detector.recalibrate(detector.answers(samples, progress=True)[1], labels, args.target_fpr, describe)
+    views, raw = detector.answers(samples, progress=True)[:2]
+    found = detector.recalibrate(raw, labels, args.target_fpr, describe, tasks=[task_of(v.sample) for v in views])
     detector.save(args.output)
-    tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"
-    note(f"calibrated {detector.name} on {report['n']} answers ({report['n_hallucinated']} hallucinated; the "
-         f"probabilities now assume that share) -> {args.output}")
-    note(f"threshold {report['threshold']:.4f}: on these answers false-positive rate {report['fpr']:.3f}, "
-         f"true-positive rate {tpr}")
-    if args.target_fpr is not None:
-        note(f"guarantee (split-conformal, {report['n_grounded']} grounded answers): a new grounded "
-             f"answer like these is flagged with probability at most {report['bound']:.3f} on average over "
-             f"calibration sets; for this set the rate lies below {report['fpr_90']:.3f} with 90 % probability. It "
-             f"holds only for answers exchangeable with these (same source of questions, generator, template): "
-             f"with fewer grounded answers the spread is wider; calibrate again when they change.")
+    if found.get("kept"):
+        note(f"no labelled answers of both kinds for the part(s) {', '.join(found['kept'])}: kept as fitted")
+    for task, report in (found.get("parts") or {"": found}).items():
+        head = f"{task} part: " if task else ""
+        tpr = "-" if report["tpr"] is None else f"{report['tpr']:.3f}"
+        note(f"{head}calibrated {detector.name} on {report['n']} answers ({report['n_hallucinated']} hallucinated; "
+             f"the probabilities now assume that share) -> {args.output}")
+        note(f"{head}threshold {report['threshold']:.4f}: on these answers false-positive rate {report['fpr']:.3f}, "
+             f"true-positive rate {tpr}")
+        if args.target_fpr is not None:
+            note(f"{head}guarantee (split-conformal, {report['n_grounded']} grounded answers): a new grounded "
+                 f"answer like these is flagged with probability at most {report['bound']:.3f} on average over "
+                 f"calibration sets; for this set the rate lies below {report['fpr_90']:.3f} with 90 % probability. "
+                 f"It holds only for answers exchangeable with these (same source of questions, generator, "
+                 f"template): with fewer grounded answers the spread is wider; calibrate again when they change.")
     return 0
 
 

@@ -73,6 +73,15 @@ def default_task(question: str | None) -> str:
     return "qa" if question else "summary"
 
 
+def task_of(sample: "Sample") -> str:
+    """The task an answer is judged as (:class:`halwatch.detectors.routed.Routed` picks its part by it): the
+    sample's ``task``; else, for a context rendered through a template, that template's task (:func:`default_task`);
+    else question answering (a prompt given as it is, RAGTruth's or a chat's: a prompt with a question)."""
+    if sample.task is not None:
+        return sample.task
+    return default_task(sample.question) if sample.rendered else "qa"
+
+
 def render(task: str, context: str, question: str | None = None) -> tuple[str, tuple[int, int]]:
     """``(prompt, context_span)``: ``context`` and ``question`` in the template of ``task``."""
     if task not in TEMPLATES:
@@ -108,6 +117,8 @@ class Sample:
     context_span: tuple[int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     task: str | None = None
+    #: whether ``prompt`` was rendered from ``context`` (and ``question``) through a task's template
+    rendered: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.task is not None and self.task not in TEMPLATES:
@@ -118,6 +129,7 @@ class Sample:
             try:
                 self.prompt, self.context_span = render(self.task or default_task(self.question), self.context,
                                                         self.question or None)
+                self.rendered = True
             except InputError as exc:
                 raise InputError(exc.problem, self.where) from None
         elif self.context_span is None and self.context and self.context in self.prompt:
@@ -173,19 +185,11 @@ class Sample:
             if not 0 <= start <= end <= len(self.prompt):
                 raise InputError(f"context_span {self.context_span} is outside the prompt", self.where)
 
-    def _own_prompt(self) -> bool:
-        """Whether the prompt was given rather than rendered from the context."""
-        try:
-            return render(self.task or default_task(self.question), self.context, self.question or None)[0] != \
-                self.prompt
-        except InputError:
-            return True
-
     def to_dict(self) -> dict[str, Any]:
         """The generic JSONL form (see :mod:`halwatch.data.jsonl`)."""
         out: dict[str, Any] = {"id": self.id}
         if self.context is not None and self.context_span is not None and \
-                self.prompt[self.context_span[0]:self.context_span[1]] == self.context and not self._own_prompt():
+                self.prompt[self.context_span[0]:self.context_span[1]] == self.context and self.rendered:
             out["context"] = self.context
             if self.question:
                 out["question"] = self.question

@@ -12,7 +12,7 @@ from halwatch.models import forward, registry
 from halwatch.models.forward import SignalRequest, Signals, attach_support
 from halwatch.models.loader import ScoringModel, load_model
 from halwatch.progress import progress as progress_bar
-from halwatch.sample import Sample
+from halwatch.sample import Sample, task_of
 from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, MAX_WINDOWS, TokenView, encode, encode_many, encode_windows
 
 log = logging.getLogger("halwatch")
@@ -194,9 +194,10 @@ class Scorer:
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
                     keep(i, sig)
                 bar.update(len(batch))
-        if request.support:  # (never cached: a cached pass may have served another view with the same input)
-            fresh = set(todo)
-            for i, (view, sig) in enumerate(zip(views, results)):
-                if i not in fresh or sig.support is None:
-                    attach_support(view, sig)
+        fresh = set(todo)
+        for i, (view, sig) in enumerate(zip(views, results)):
+            # neither is cached: a cached pass may have served another view with the same input ids
+            sig.task = task_of(view.sample) if view.sample is not None else None
+            if request.support and (i not in fresh or sig.support is None):
+                attach_support(view, sig)
         return results

@@ -12,13 +12,14 @@ from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, P
 from halwatch.detectors.fused import Fused
 from halwatch.detectors.lrp4rag import LRP4RAG
 from halwatch.detectors.polygraph import Polygraph
+from halwatch.detectors.routed import Routed
 from halwatch.detectors.sampling import EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram, SemanticEntropy
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError, InputError
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (Fused, TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention,
+    for cls in (Fused, Routed, TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention,
                 LinearProbe, Perplexity, MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore,
                 SelfCheckNGram, SelfCheckEntailment, SemanticEntropy, Polygraph)
 }

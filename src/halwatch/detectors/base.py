@@ -381,13 +381,14 @@ class Detector:
         signals = self._scorer().signals(samples, self.fit_request(), progress=progress, views=views)
         return self.fit_signals(signals, labels, views)
 
-    def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "") -> dict:
+    def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "", tasks=None) -> dict:
         """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the
         method itself is kept), given their raw scores as scoring computes them (:meth:`answer_outputs`, long
         contexts in windows): Platt scaling on the raw scores of these answers (their share of hallucinated
         answers is the prior the probabilities then assume) and, with ``target_fpr``, the split-conformal threshold
         that holds that false-positive rate on answers like these (:func:`conformal_threshold`), else the best F1
-        on them. Returns what was reached on these answers and the guarantee's terms."""
+        on them. Returns what was reached on these answers and the guarantee's terms. ``tasks`` (each answer's
+        :func:`halwatch.sample.task_of`) matter only to a detector with one part per task."""
         from halwatch.detectors.calibration import conformal_threshold
 
         self._require_fitted()
@@ -428,17 +429,38 @@ class Detector:
     def score(self, samples: list[Sample], progress: bool = False) -> np.ndarray:
         """Probability of hallucination of each sample's response."""
         self._require_fitted()
-        return self.calibrator.transform(self.answers(samples, progress)[1])
+        return self.answer_scores(*self._encoded(samples, progress))[1]
+
+    def _encoded(self, samples: list[Sample], progress: bool = False) -> tuple[list[TokenView], list[Signals]]:
+        """``(views, signals)`` of ``samples`` as ``halwatch score`` sees them: each in the windows of its long
+        context (:meth:`halwatch.scorer.Scorer.encode_windows`)."""
+        views = [v for found in self._scorer().encode_many(samples) for v in found]
+        return views, self._signals([v.sample for v in views], progress, views)
 
     def answers(self, samples: list[Sample], progress: bool = False
                 ) -> tuple[list[TokenView], np.ndarray, list | None, np.ndarray]:
-        """:meth:`answer_outputs` of ``samples`` as ``halwatch score`` sees them: each in the windows of its long
-        context (:meth:`halwatch.scorer.Scorer.encode_windows`), one answer per sample."""
-        views = [v for found in self._scorer().encode_many(samples) for v in found]
-        return self.answer_outputs(views, self._signals([v.sample for v in views], progress, views))
+        """:meth:`answer_outputs` of ``samples``, one answer per sample."""
+        return self.answer_outputs(*self._encoded(samples, progress))
 
     def predict(self, samples: list[Sample]) -> np.ndarray:
-        return self.score(samples) >= self.threshold
+        _, probs, _, thresholds, _ = self.answer_scores(*self._encoded(samples))
+        return probs >= thresholds
+
+    def for_task(self, task: str) -> "Detector":
+        """The detector that judges answers of ``task`` (:data:`halwatch.sample.TASKS`): this one; a detector with
+        one part per task gives that part."""
+        return self
+
+    def answer_scores(self, views: list[TokenView], signals: list[Signals]
+                      ) -> tuple[list[TokenView], np.ndarray, np.ndarray, np.ndarray, list | None]:
+        """Per answer (:meth:`answer_outputs`: consecutive views may be windows of one answer): ``(views,
+        probabilities, ranking scores, thresholds, token scores or None)``. The ranking scores order answers in a
+        benchmark (see :meth:`Calibrator.ranking`); every answer's threshold is :attr:`threshold` here, its part's
+        in a detector with one part per task."""
+        self._require_fitted()
+        views, raw, tokens, _ = self.answer_outputs(views, signals)
+        return (views, self.calibrator.transform(raw), self.calibrator.ranking(raw),
+                np.full(len(views), float(self.threshold)), tokens)
 
     def outputs(self, signals: list[Signals]) -> tuple[np.ndarray, list | None, np.ndarray]:
         """``(raw scores, token scores or None, OOD inputs)`` of a batch: everything a verdict needs, computed in one
@@ -516,9 +538,9 @@ class Detector:
     def spans(self, sample: Sample) -> list[dict]:
         """Character spans of ``sample.response`` that the detector flags: ``[{start, end, text, confidence}]``."""
         self._require_fitted()
-        (view,), raw, tokens, _ = self.answers([sample])
-        return self.token_spans(view, None if tokens is None else tokens[0],
-                                float(self.calibrator.transform(raw)[0]), self.min_span_confidence)
+        (view,), probs, _, _, tokens = self.answer_scores(*self._encoded([sample]))
+        return self.token_spans(view, None if tokens is None else tokens[0], float(probs[0]),
+                                self.min_span_confidence)
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -31,7 +31,9 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
 
     from halwatch.data.splits import split_of
     from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.errors import InputError
     from halwatch.eval.protocols import load_dataset
+    from halwatch.sample import task_of
     from halwatch.scorer import Scorer
 
     artifact = read_artifact(detector)
@@ -40,14 +42,18 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     rows = []
     for name in datasets:
         samples = [s for s in load_dataset(name)[0] if split_of(s) == split]
-        raw = base.answers(samples, progress=True)[1]  # as halwatch calibrate and score see them
+        tasks = {task_of(s) for s in samples}
+        if len(tasks) != 1:
+            raise InputError(f"{name}: answers of several tasks ({', '.join(sorted(tasks))}); check one at a time")
+        part = base.for_task(tasks.pop())  # a detector with one part per task calibrates that task's part
+        raw = part.answers(samples, progress=True)[1]  # as halwatch calibrate and score see them
         labels = np.array([s.label for s in samples])
         reached = []
         for seed in range(seeds):
             fit_part, check = halves(samples, seed)
             if max_answers and len(fit_part) > max_answers:
                 fit_part = np.sort(np.random.default_rng(seed).choice(fit_part, max_answers, replace=False))
-            det = copy.deepcopy(base)
+            det = copy.deepcopy(part)
             det.scorer = scorer
             det.recalibrate(raw[fit_part], labels[fit_part], target_fpr)
             flagged = det.calibrator.transform(raw[check]) >= det.threshold

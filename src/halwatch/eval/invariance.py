@@ -74,9 +74,11 @@ def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:
 def invariance(detector, samples: list[Sample], progress: bool = True, seed: int = 0) -> dict:
     """Score every sample in every rendering with a fitted ``detector``; per rendering: ``median_abs_change`` and
     ``mean_abs_change`` of the probability against ``ragtruth``, ``flips`` (share of verdicts that differ),
-    ``auroc``, ``flagged`` (share of answers called hallucinated) and ``n``; and the per-answer probabilities."""
+    ``auroc``, ``flagged`` (share of answers called hallucinated) and ``n``; and the per-answer probabilities.
+    Every rendering is question answering: a detector with one part per task is judged by its ``qa`` part."""
     from halwatch.eval.metrics import evaluate
 
+    detector = detector.for_task("qa")
     scorer = detector._scorer()
     labels = np.array([s.label for s in samples])
     probs, ranking, inputs = {}, {}, {}

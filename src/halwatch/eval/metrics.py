@@ -28,12 +28,12 @@ def expected_calibration_error(labels, probs, bins: int = 10) -> float:
     return float(total)
 
 
-def evaluate(labels, probs, threshold: float, ranking=None) -> dict:
+def evaluate(labels, probs, threshold, ranking=None) -> dict:
     """Every metric of one test set. AUROC and AUC-PR rank the answers by ``ranking`` (the detector's raw score,
     oriented as its calibration; default: the probabilities), never by probabilities that clipping or saturation
     can tie; the verdicts (F1, accuracy, precision, recall, and the operating point: false- and true-positive
-    rates) compare the probabilities with the threshold; ``ece`` is the expected calibration error, beside the mean
-    probability and the observed ``rate`` of hallucinated answers."""
+    rates) compare the probabilities with the threshold (one, or one per answer); ``ece`` is the expected
+    calibration error, beside the mean probability and the observed ``rate`` of hallucinated answers."""
     from sklearn.metrics import (
         accuracy_score,
         average_precision_score,

@@ -11,6 +11,7 @@ from halwatch.errors import InputError
 from halwatch.eval.metrics import evaluate, span_scores
 from halwatch.files import replaced
 from halwatch.models.forward import SignalRequest, whitebox_request
+from halwatch.sample import task_of
 
 log = logging.getLogger("halwatch")
 
@@ -223,14 +224,16 @@ class Bench:
             out_signals += [next(found) for _ in mine] if i in windows else [sig]
         return out_views, out_signals
 
-    def score_answers(self, det, views, signals) -> tuple[tuple, dict]:
-        """``((probabilities, ranking scores), span figures)`` of a fitted detector on answers (one view and its
-        signals each), every long context scored in windows (:meth:`windowed`,
-        :meth:`halwatch.detectors.base.Detector.answer_outputs`)."""
+    def score_answers(self, det, views, signals) -> tuple[tuple, dict, np.ndarray]:
+        """``((probabilities, ranking scores), span figures, thresholds)`` of a fitted detector on answers (one view
+        and its signals each), every long context scored in windows (:meth:`windowed`,
+        :meth:`halwatch.detectors.base.Detector.answer_scores`). A detector with one part per task is judged by the
+        part of the answers' task: span figures need one task, and a set of several tasks has none."""
+        tasks = {task_of(v.sample) for v in views}
         flat_views, flat_signals = self.windowed(views, signals, det.request())
-        _, raw, tokens, _ = det.answer_outputs(flat_views, flat_signals)
-        probs = det.calibrator.transform(raw)
-        return (probs, det.calibrator.ranking(raw)), self.span_metrics(det, signals, views, probs, tokens)
+        _, probs, ranking, thresholds, tokens = det.answer_scores(flat_views, flat_signals)
+        spans = self.span_metrics(det.for_task(tasks.pop()), signals, views, probs, tokens) if len(tasks) == 1 else {}
+        return (probs, ranking), spans, thresholds
 
     @staticmethod
     def span_metrics(det, signals, views, probs, tokens=None) -> dict:
@@ -321,8 +324,9 @@ class Bench:
                     det, _ = self.fit_score(
                         det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]), [],
                         options)
-                    scored, spans = self.score_answers(det, [views[i] for i in test], [signals[i] for i in test])
-                    self._record(name, generator, protocol, seed, det_name, labels[test], scored, det.threshold,
+                    scored, spans, thresholds = self.score_answers(det, [views[i] for i in test],
+                                                                   [signals[i] for i in test])
+                    self._record(name, generator, protocol, seed, det_name, labels[test], scored, thresholds,
                                  time.perf_counter() - t0, {**(extra or {}), **spans},
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
@@ -363,9 +367,9 @@ class Bench:
                 rows = [(pooled[n], i) for n in names for i in parts[n][1]]
                 signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
                 labels = np.array([d[1][i] for d, i in rows])
-                scored, spans = self.score_answers(det, views, signals)
+                scored, spans, thresholds = self.score_answers(det, views, signals)
                 self._record(label, pooled[names[0]][4], "shape-transfer", 0, det_name, labels, scored,
-                             det.threshold, time.perf_counter() - t0,
+                             thresholds, time.perf_counter() - t0,
                              {**(extra or {}), **spans, "settings": {"training": training, "eval": eval_split}})
 
             trainable = [n for n in datasets if parts[n][0]]
@@ -402,9 +406,10 @@ class Bench:
                 fitted = LookbackLens(scorer=source_scorer).fit_signals([s_signals[i] for i in probe],
                                                                          s_labels[probe], [s_views[i] for i in probe])
                 mapped = LookbackLens.mapped_from(fitted, self.scorer, [samples[i] for i in probe])
-                scored, spans = self.score_answers(mapped, [views[i] for i in test], [signals[i] for i in test])
+                scored, spans, thresholds = self.score_answers(mapped, [views[i] for i in test],
+                                                               [signals[i] for i in test])
                 self._record(name, generator, "ragtruth-official", seed, name_from, labels[test], scored,
-                             mapped.threshold, time.perf_counter() - t0, spans, probe_size=probe_size)
+                             thresholds, time.perf_counter() - t0, spans, probe_size=probe_size)
         return self.rows
 
     def _transfer(self, source, target, seeds, probe_size, options, extra):
@@ -423,9 +428,10 @@ class Bench:
                 det, _ = self.fit_score(
                     det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]), [],
                     options)
-                scored, spans = self.score_answers(det, [t_views[i] for i in t_test], [t_signals[i] for i in t_test])
+                scored, spans, thresholds = self.score_answers(det, [t_views[i] for i in t_test],
+                                                               [t_signals[i] for i in t_test])
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
-                             det.threshold, time.perf_counter() - t0, {**(extra or {}), **spans},
+                             thresholds, time.perf_counter() - t0, {**(extra or {}), **spans},
                              probe_size=probe_size)
 
 

@@ -172,6 +172,7 @@ class Signals:
     extra: dict[str, np.ndarray] | None = None  # the results of SignalRequest.extra
     support: np.ndarray | None = None  # [R, k] lexical support flags per response token (never cached)
     support_answer: np.ndarray | None = None  # [m] lexical support features of the answer (never cached)
+    task: str | None = None  # the answer's task (halwatch.sample.task_of), set by the scorer (never cached)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {

@@ -140,6 +140,8 @@ class ScoreResult(BaseModel):
                                         "against: the most supportive one gives the verdict, and each word's score "
                                         "is its lowest over them")
     ood: Distance | None = None
+    task: str | None = Field(None, description="the task whose part of a routed detector judged the answer (its "
+                                               "threshold is that part's)")
 
 
 def parse_items(body) -> list[ScoreItem]:
@@ -315,8 +317,9 @@ class ScoringService:
     def describe(self) -> list[dict]:
         out = []
         for name, det in self.detectors.items():
+            per_task = {"thresholds": det.thresholds} if det.name == "routed" else {}
             out.append({"name": name, "method": det.name, "citation": det.citation, "default": name == self.default,
-                        "threshold": det.threshold, **det.identity, "fitted_on": det.fitted_on,
+                        "threshold": det.threshold, **per_task, **det.identity, "fitted_on": det.fitted_on,
                         "settings": det.settings})
         return out
 
@@ -499,6 +502,8 @@ class DetectorInfo(BaseModel):
     method: str
     default: bool
     threshold: float | None = None
+    thresholds: dict[str, float] | None = Field(None, description="a routed detector's threshold per task (its "
+                                                                  "`threshold` is null)")
 
 
 class DetectorList(BaseModel):

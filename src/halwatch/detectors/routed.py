@@ -1,0 +1,275 @@
+"""The routed detector: one fused detector per task, each with its own calibration and threshold.
+
+One threshold cannot serve answers of every shape: fitted on question answering, dialogue replies and summaries
+together, the fused detector's out-of-fold threshold for a false-positive rate of 0.2 flags 2 % of the grounded
+SQuAD-built short answers and 82 % of the grounded XSum summaries (docs/results/README.md, "One threshold for seven
+shapes"). This detector fits a :class:`~halwatch.detectors.fused.Fused` part on each task's answers alone
+(:func:`halwatch.sample.task_of`: the record's ``task``, else question answering with a question or a prompt given
+as it is, else a summary) and sends every answer to its task's part: the part's stacking, regularisation,
+calibration, decision threshold, span rule and out-of-distribution reference are fitted on that task's held-out
+scores only, so nothing crosses tasks. A task without a part (too few answers of it, or none: ``data2text`` in a fit
+without such data) goes to the ``fallback`` part, and every verdict names the part that judged it (``task``).
+
+Probabilities of different parts assume their own task's share of hallucinated answers; answers of several tasks are
+ranked together by each part's calibrated log-odds.
+
+This is halwatch's own arrangement, not a published method.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of
+from halwatch.detectors.fused import Fused
+from halwatch.errors import HalwatchError, InputError
+from halwatch.models.forward import Signals
+from halwatch.sample import TASKS, task_of
+from halwatch.tokens import TokenView, window_groups
+
+#: A task gets its own part when it has at least this many answers of each label; otherwise the fallback judges it.
+MIN_PER_LABEL = 10
+
+
+def _logodds(probs) -> np.ndarray:
+    p = np.clip(np.asarray(probs, dtype=float), 1e-12, 1 - 1e-12)
+    return np.log(p / (1 - p))
+
+
+class Routed(Detector):
+    name = "routed"
+    citation = ("halwatch routed detector: one fused detector per task (question answering, dialogue, summaries, "
+                "data-to-text), each with its own calibration and threshold")
+    supervised = True
+
+    def __init__(self, scorer=None, calibration: str = "platt", decision: str = "f1", prior: float | None = None,
+                 fallback: str = "qa", **settings):
+        if fallback not in TASKS:
+            raise ValueError(f"fallback: one of {', '.join(TASKS)}, not {fallback!r}")
+        Fused(calibration=calibration, decision=decision, prior=prior, **settings)  # the parts' settings, checked now
+        super().__init__(scorer=scorer, calibration=calibration, decision=decision, prior=prior, fallback=fallback,
+                         **settings)
+        self.parts: dict[str, Fused] = {}
+
+    @classmethod
+    def setting_names(cls) -> set[str]:
+        return super().setting_names() | Fused.setting_names()
+
+    def _part_settings(self) -> dict:
+        return {k: v for k, v in self.settings.items() if k != "fallback"}
+
+    # ---- routing ------------------------------------------------------------------------------------------------
+    def route(self, task: str | None) -> str:
+        """The part that judges answers of ``task`` (``None``: unknown, e.g. signals of token ids alone)."""
+        return task if task in self.parts else self.settings["fallback"]
+
+    def for_task(self, task: str) -> Detector:
+        self._require_fitted()
+        part = self.parts[self.route(task)]
+        if part.scorer is None:
+            part.scorer = self._scorer()  # one scorer (one model in memory) for every part
+        return part
+
+    def _routes(self, tasks) -> dict[str, np.ndarray]:
+        """``{part: indices}`` of answers with these tasks, in order."""
+        routes = np.array([self.route(t) for t in tasks], dtype=object)
+        return {name: np.flatnonzero(routes == name) for name in sorted(set(routes.tolist()))}
+
+    def _view_tasks(self, views) -> list:
+        return [task_of(v.sample) if v.sample is not None else None for v in views]
+
+    # ---- fitting ------------------------------------------------------------------------------------------------
+    def request(self):
+        from halwatch.models.forward import whitebox_request
+
+        return whitebox_request(self._scorer().model)
+
+    def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
+                    groups=None) -> "Routed":
+        """A fresh :class:`Fused` part fitted on each task's answers alone (the task from each view's sample, else
+        from each signal's ``task``), given at least :data:`MIN_PER_LABEL` answers of each label; the others go to
+        the fallback part, which must have been fitted."""
+        labels = np.asarray(labels, dtype=int)
+        if len(labels) != len(signals):
+            raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
+        tasks = self._view_tasks(views) if views is not None else [s.task for s in signals]
+        fallback = self.settings["fallback"]
+        tasks = np.array([t or fallback for t in tasks], dtype=object)
+        groups = np.asarray(groups) if groups is not None else groups_of(views)
+        self.parts, skipped = {}, {}
+        for task in sorted(set(tasks.tolist())):
+            idx = np.flatnonzero(tasks == task)
+            counts = np.bincount(labels[idx], minlength=2)
+            if counts.min() < MIN_PER_LABEL:
+                skipped[task] = {"n": int(len(idx)), "n_hallucinated": int(counts[1])}
+                continue
+            part = Fused(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
+                         prior=self.prior, **self._part_settings())
+            self.parts[task] = part.fit_signals([signals[i] for i in idx], labels[idx],
+                                                None if views is None else [views[i] for i in idx],
+                                                None if groups is None else groups[idx])
+        if fallback not in self.parts:
+            self.parts = {}
+            raise InputError(f"the fallback task {fallback!r} has too few answers to fit a part (at least "
+                             f"{MIN_PER_LABEL} of each label; tasks found: {', '.join(sorted(set(tasks.tolist())))})"
+                             f": give more of them, or another fallback (--set fallback=TASK)")
+        self.identity = dict(self.parts[fallback].identity)
+        self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
+                          "n_sources": int(len(np.unique(groups))) if groups is not None else None,
+                          "decision": self.decision_rule,
+                          "parts": {t: {"n": p.fitted_on["n"], "n_hallucinated": p.fitted_on["n_hallucinated"],
+                                        "threshold": round(float(p.threshold), 4)} for t, p in self.parts.items()},
+                          **({"to_fallback": skipped} if skipped else {})}
+        return self
+
+    def _require_fitted(self):
+        if not self.parts:
+            raise HalwatchError(f"detector {self.name!r} is not fitted: call fit() or load a fitted artifact")
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """Each part's decision threshold, by task."""
+        return {t: float(p.threshold) for t, p in self.parts.items()}
+
+    # ---- scoring ------------------------------------------------------------------------------------------------
+    def _per_part(self, tasks, run, n: int) -> list:
+        """``run(part, indices)`` on each part's answers; the per-answer results put back in order."""
+        out: list = [None] * n
+        for name, idx in self._routes(tasks).items():
+            for i, value in zip(idx, run(self.for_task(name), idx)):
+                out[i] = value
+        return out
+
+    def _answer_groups(self, views):
+        """Per answer (its windows: :func:`halwatch.tokens.window_groups`), its view indices and its task."""
+        groups = window_groups(views)
+        return groups, [task_of(views[g[-1]].sample) if views[g[-1]].sample is not None else None for g in groups]
+
+    def _flat(self, groups, idx) -> list[int]:
+        return [i for a in idx for i in groups[a]]
+
+    def answer_scores(self, views, signals):
+        """Each answer scored by its task's part; the ranking score is the part's calibrated log-odds."""
+        self._require_fitted()
+        groups, tasks = self._answer_groups(views)
+
+        def run(part, idx):
+            flat = self._flat(groups, idx)
+            found = part.answer_scores([views[i] for i in flat], [signals[i] for i in flat])
+            return zip(found[0], found[1], found[3], found[4] if found[4] is not None else [None] * len(idx))
+
+        rows = self._per_part(tasks, run, len(groups))
+        probs = np.array([r[1] for r in rows], dtype=float)
+        tokens = [r[3] for r in rows]
+        return ([r[0] for r in rows], probs, _logodds(probs), np.array([r[2] for r in rows], dtype=float),
+                None if any(t is None for t in tokens) else tokens)
+
+    def answer_outputs(self, views, signals):
+        """Each answer's part's :meth:`~Detector.answer_outputs`: the raw scores are on each part's own scale, and
+        the OOD inputs (of different widths) a list."""
+        self._require_fitted()
+        groups, tasks = self._answer_groups(views)
+
+        def run(part, idx):
+            flat = self._flat(groups, idx)
+            v, raw, tok, inputs = part.answer_outputs([views[i] for i in flat], [signals[i] for i in flat])
+            return zip(v, raw, tok if tok is not None else [None] * len(idx), inputs)
+
+        rows = self._per_part(tasks, run, len(groups))
+        tokens = [r[2] for r in rows]
+        return ([r[0] for r in rows], np.array([r[1] for r in rows], dtype=float),
+                None if any(t is None for t in tokens) else tokens, [r[3] for r in rows])
+
+    def scores_and_ranking(self, signals):
+        self._require_fitted()
+
+        def run(part, idx):
+            return part.scores_and_ranking([signals[i] for i in idx])[0]
+
+        probs = np.array(self._per_part([s.task for s in signals], run, len(signals)), dtype=float)
+        return probs, _logodds(probs)
+
+    def raw_scores(self, signals):
+        """Each answer's part's raw score (on that part's own scale)."""
+        return np.array(self._per_part([s.task for s in signals],
+                                       lambda part, idx: part.raw_scores([signals[i] for i in idx]), len(signals)))
+
+    def token_scores(self, signals):
+        found = self._per_part([s.task for s in signals],
+                               lambda part, idx: part.token_scores([signals[i] for i in idx]) or [None] * len(idx),
+                               len(signals))
+        return None if any(t is None for t in found) else found
+
+    def continuation_scores(self, signals, start):
+        return np.array(self._per_part(
+            [s.task for s in signals], lambda part, idx: part.continuation_scores([signals[i] for i in idx], start),
+            len(signals)))
+
+    def ood(self, signals):
+        return self._per_part([s.task for s in signals],
+                              lambda part, idx: part.ood([signals[i] for i in idx]) or [None] * len(idx),
+                              len(signals))
+
+    def token_spans(self, view, tokens, prob, min_confidence: float = 0.0):
+        return self.for_task(task_of(view.sample)).token_spans(view, tokens, prob, min_confidence)
+
+    def spans_from(self, view, signals, prob=None, min_confidence: float = 0.0):
+        return self.for_task(task_of(view.sample)).spans_from(view, signals, prob, min_confidence)
+
+    def verdicts(self, views, signals, min_span_confidence: float | None = None) -> list[dict]:
+        """:meth:`Detector.verdicts` of each answer's part, with the part's threshold, and ``task``: the part
+        that judged it."""
+        self._require_fitted()
+        groups, tasks = self._answer_groups(views)
+        confidence = self.min_span_confidence if min_span_confidence is None else min_span_confidence
+
+        def run(part, idx):
+            flat = self._flat(groups, idx)
+            found = part.verdicts([views[i] for i in flat], [signals[i] for i in flat], confidence)
+            return [{**v, "detector": self.name} for v in found]
+
+        out = self._per_part(tasks, run, len(groups))
+        return [{**v, "task": self.route(t)} for v, t in zip(out, tasks)]
+
+    def recalibrate(self, raw, labels, target_fpr=None, describe: str = "", tasks=None) -> dict:
+        """:meth:`Detector.recalibrate` of each part on its own task's answers (``tasks``: each answer's task;
+        ``raw`` on each part's own scale, as :meth:`answer_outputs` gives them), where they hold both labels; the
+        other parts keep their fit. Returns ``{"parts": {task: report}, "kept": [tasks not recalibrated]}``."""
+        self._require_fitted()
+        if tasks is None:
+            raise InputError("a routed detector recalibrates each task's part on that task's answers: give the "
+                             "answers' tasks")
+        raw, labels = np.asarray(raw, dtype=float), np.asarray(labels, dtype=int)
+        reports = {}
+        for name, idx in self._routes(tasks).items():
+            if len(np.unique(labels[idx])) == 2:
+                reports[name] = self.for_task(name).recalibrate(raw[idx], labels[idx], target_fpr, describe)
+        if not reports:
+            raise InputError("no task has both grounded (0) and hallucinated (1) answers to calibrate on")
+        self.fitted_on = {**self.fitted_on, "recalibrated": sorted(reports)}
+        return {"parts": reports, "kept": sorted(set(self.parts) - set(reports))}
+
+    # ---- artifacts ------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        self._require_fitted()
+        return {"format": ARTIFACT_FORMAT, "detector": self.name, "citation": self.citation, **self.identity,
+                "settings": self.settings, "decision": self.decision_rule, "prior": self.prior,
+                "calibration": {"method": self.calibrator.method}, "threshold": None,
+                "thresholds": {t: round(v, 6) for t, v in self.thresholds.items()},
+                "min_span_confidence": self.min_span_confidence,
+                "parts": {t: p.to_dict() for t, p in self.parts.items()}, "fitted_on": self.fitted_on}
+
+    @classmethod
+    def from_dict(cls, d: dict, scorer=None) -> "Routed":
+        det = cls(scorer=scorer, calibration=d.get("calibration", {}).get("method", "platt"),
+                  decision=d.get("decision", "f1"), prior=d.get("prior"), **d.get("settings", {}))
+        parts = d.get("parts") or {}
+        unknown = sorted(set(parts) - set(TASKS))
+        if unknown or det.settings["fallback"] not in parts:
+            raise HalwatchError(f"routed artifact: parts {sorted(parts)} must be tasks ({', '.join(TASKS)}) and "
+                                f"include the fallback {det.settings['fallback']!r}")
+        det.parts = {t: Fused.from_dict(p, scorer=scorer) for t, p in parts.items()}
+        det.identity = dict(det.parts[det.settings["fallback"]].identity)
+        det.min_span_confidence = check_confidence(d.get("min_span_confidence", 0.0))
+        det.fitted_on = d.get("fitted_on", {})
+        return det

@@ -1,0 +1,102 @@
+"""The routed detector: one fused part per task, fitted on that task's answers alone, each answer judged (score,
+threshold, spans) by its task's part, tasks without a part sent to the fallback, and per-task recalibration."""
+
+import numpy as np
+import pytest
+
+from halwatch.data.shared import read_shared
+from halwatch.detectors import create_detector, load_detector
+from halwatch.sample import Sample, task_of
+
+SETTINGS = {"C": 1.0, "token_C": 1e-3, "folds": 4}
+
+
+def _short(name: str, per_label: int) -> list[Sample]:
+    """The first ``per_label`` hallucinated and grounded answers of a shared set whose prompt fits the tests' cap."""
+    found = [s for s in read_shared(name, per_source=None) if len(s.prompt) < 1200 and len(s.response) < 400]
+    return [s for s in found if s.label == 1][:per_label] + [s for s in found if s.label == 0][:per_label]
+
+
+@pytest.fixture(scope="module")
+def summaries():
+    return _short("xsum-hallucination", 12)
+
+
+@pytest.fixture(scope="module")
+def dialogue():
+    return _short("faithdial", 4)  # too few for a part of their own
+
+
+@pytest.fixture(scope="module")
+def routed(scorer, probe, summaries, dialogue):
+    return create_detector("routed", scorer, **SETTINGS).fit(probe + summaries + dialogue)
+
+
+def test_task_of_each_kind_of_record(probe, summaries, dialogue):
+    """RAGTruth's own prompts and context-with-question records are question answering; the shared sets' records
+    carry their task; a context without a question is a summary; an explicit task wins."""
+    assert task_of(probe[0]) == "qa" and probe[0].task is None and not probe[0].rendered
+    assert {task_of(s) for s in summaries} == {"summary"} and {task_of(s) for s in dialogue} == {"dialogue"}
+    assert task_of(Sample(context="The sky is blue.", question="What colour is the sky?", response="Blue.")) == "qa"
+    assert task_of(Sample(context="The sky is blue.", response="The sky is blue.")) == "summary"
+    assert task_of(Sample(prompt="Summarise: the sky is blue.", response="Blue sky.", task="summary")) == "summary"
+    assert task_of(Sample(prompt="Summarise: the sky is blue.", response="Blue sky.")) == "qa"
+
+
+def test_each_part_is_a_fused_fit_on_its_task_alone(scorer, probe, summaries, routed):
+    """Two parts (the dialogue answers are too few and go to the fallback); the summary part is the same model,
+    calibration and threshold as a fused detector fitted here on the summaries alone: nothing crosses tasks."""
+    assert set(routed.parts) == {"qa", "summary"}
+    assert routed.fitted_on["to_fallback"] == {"dialogue": {"n": 8, "n_hallucinated": 4}}
+    assert routed.parts["qa"].fitted_on["n"] == len(probe)
+    alone = create_detector("fused", scorer, **SETTINGS).fit(summaries)
+    part = routed.parts["summary"]
+    assert part.threshold == pytest.approx(alone.threshold)
+    assert part.calibrator.to_dict() == pytest.approx(alone.calibrator.to_dict())
+    assert part.columns == alone.columns
+    assert part.coefficients() == pytest.approx(alone.coefficients(), abs=1e-3)
+
+
+def test_every_answer_is_judged_by_its_part(scorer, probe, summaries, dialogue, routed, tmp_path):
+    """Verdicts, scores and predictions of a mixed batch are each answer's part's own, with that part's threshold
+    and name; a dialogue reply goes to the fallback; an artifact round trip gives the same verdicts; a prompt-only
+    record with an explicit task routes by it although its signals come from the same cache entry."""
+    samples = probe[:3] + summaries[:3] + dialogue[:2]
+    views = [scorer.encode(s) for s in samples]
+    signals = scorer.signals(samples, routed.request(), views=views)
+    found = routed.verdicts(views, signals)
+    assert [v["task"] for v in found] == ["qa"] * 3 + ["summary"] * 3 + ["qa"] * 2
+    for k, v in enumerate(found):
+        part = routed.parts[v["task"]]
+        own = part.verdicts([views[k]], [signals[k]])[0]
+        assert v["score"] == own["score"] and v["threshold"] == round(part.threshold, 4)
+        assert v["spans"] == own["spans"] and v["detector"] == "routed"
+    probs = routed.score(samples)
+    np.testing.assert_allclose(probs, [v["score"] for v in found], atol=1e-4)
+    np.testing.assert_allclose(routed.scores_and_ranking(signals)[0], probs, atol=1e-9)
+    assert list(routed.predict(samples)) == [v["hallucinated"] for v in found]
+
+    routed.save(tmp_path / "routed.json")
+    again = load_detector(str(tmp_path / "routed.json"), scorer=scorer)
+    assert again.verdicts(views, signals) == found
+
+    plain = Sample(prompt=summaries[0].prompt, response=summaries[0].response)
+    told = Sample(prompt=summaries[0].prompt, response=summaries[0].response, task="summary")
+    pair = [scorer.encode(s) for s in (plain, told)]
+    assert pair[0].input_ids == pair[1].input_ids
+    got = routed.verdicts(pair, scorer.signals([plain, told], routed.request(), views=pair))
+    assert [v["task"] for v in got] == ["qa", "summary"]
+
+
+def test_recalibrating_changes_only_the_parts_with_labels(scorer, probe, routed):
+    """Recalibrating on question-answering answers alone refits the qa part's probabilities and threshold; the
+    summary part keeps its fit."""
+    det = type(routed).from_dict(routed.to_dict(), scorer=scorer)
+    views, raw = det.answers(probe)[:2]
+    labels = [s.label for s in probe]
+    summary = det.parts["summary"].to_dict()
+    report = det.recalibrate(raw, labels, 0.2, "probe", tasks=[task_of(v.sample) for v in views])
+    assert set(report["parts"]) == {"qa"} and report["kept"] == ["summary"]
+    assert det.parts["summary"].to_dict() == summary
+    assert det.parts["qa"].decision_rule == "conformal fpr=0.2"
+    assert det.parts["qa"].threshold == report["parts"]["qa"]["threshold"] != routed.parts["qa"].threshold
