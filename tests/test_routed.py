@@ -100,3 +100,30 @@ def test_recalibrating_changes_only_the_parts_with_labels(scorer, probe, routed)
     assert det.parts["summary"].to_dict() == summary
     assert det.parts["qa"].decision_rule == "conformal fpr=0.2"
     assert det.parts["qa"].threshold == report["parts"]["qa"]["threshold"] != routed.parts["qa"].threshold
+
+
+def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, summaries, tmp_path):
+    """A routed artifact served: one /v1/score list of question-answering items and summaries gives each item its
+    part's threshold and names the part, as the library does; /v1/detectors lists the thresholds per task."""
+    from halwatch.client import Client
+    from halwatch.serve.common import Running
+    from halwatch.serve.scoring import build_app
+
+    path = tmp_path / "routed.json"
+    routed.save(path)
+    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:2]  # each fits the cap: no windows
+    items = [{"id": s.id, "prompt": s.prompt, "response": s.response} for s in short]
+    items += [{"id": s.id, "context": s.context, "response": s.response, "task": "summary"} for s in summaries[:2]]
+    running = Running(build_app([str(path)], models={"smollm2-135m": smol}))
+    try:
+        with Client(running.url) as client:
+            got = client.score(items)
+            listed = client.detectors()["detectors"][0]
+    finally:
+        running.stop()
+    assert [r["task"] for r in got] == ["qa", "qa", "summary", "summary"]
+    for r in got:
+        assert r["threshold"] == round(routed.parts[r["task"]].threshold, 4) and r["detector"] == "routed"
+    expected = routed.score(short + summaries[:2])
+    assert [r["score"] for r in got] == pytest.approx(expected, abs=1e-3)
+    assert listed["threshold"] is None and listed["thresholds"] == pytest.approx(routed.thresholds)
