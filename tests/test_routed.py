@@ -45,7 +45,12 @@ def test_task_of_each_kind_of_record(probe, summaries, dialogue):
 
 def test_each_part_is_a_fused_fit_on_its_task_alone(scorer, probe, summaries, routed):
     """Two parts (the dialogue answers are too few and go to the fallback); the summary part is the same model,
-    calibration and threshold as a fused detector fitted here on the summaries alone: nothing crosses tasks."""
+    calibration and threshold as a fused detector fitted here on the summaries alone: nothing crosses tasks. A
+    fallback task without answers of both labels is refused before anything is fitted."""
+    from halwatch.errors import InputError
+
+    with pytest.raises(InputError, match="fallback task 'dialogue' needs grounded and hallucinated"):
+        create_detector("routed", scorer, fallback="dialogue", **SETTINGS).fit(probe + summaries)
     assert set(routed.parts) == {"qa", "summary"}
     assert routed.fitted_on["to_fallback"] == {"dialogue": {"n": 8, "n_hallucinated": 4}}
     assert routed.parts["qa"].fitted_on["n"] == len(probe)

@@ -88,7 +88,7 @@ class Routed(Detector):
                     groups=None) -> "Routed":
         """A fresh :class:`Fused` part fitted on each task's answers alone (the task from each view's sample, else
         from each signal's ``task``), given at least :data:`MIN_PER_LABEL` answers of each label; the others go to
-        the fallback part, which must have been fitted."""
+        the fallback part, which is fitted on its own task's answers whenever they hold both labels."""
         labels = np.asarray(labels, dtype=int)
         if len(labels) != len(signals):
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
@@ -96,23 +96,26 @@ class Routed(Detector):
         fallback = self.settings["fallback"]
         tasks = np.array([t or fallback for t in tasks], dtype=object)
         groups = np.asarray(groups) if groups is not None else groups_of(views)
-        self.parts, skipped = {}, {}
+        owned, skipped = {}, {}
         for task in sorted(set(tasks.tolist())):
             idx = np.flatnonzero(tasks == task)
             counts = np.bincount(labels[idx], minlength=2)
-            if counts.min() < MIN_PER_LABEL:
+            # the fallback judges every answer without a part: fitted on whatever it has of both labels
+            if counts.min() >= (1 if task == fallback else MIN_PER_LABEL):
+                owned[task] = idx
+            else:
                 skipped[task] = {"n": int(len(idx)), "n_hallucinated": int(counts[1])}
-                continue
+        if fallback not in owned:  # refused before any part is fitted
+            raise InputError(f"the fallback task {fallback!r} needs grounded and hallucinated answers to fit its "
+                             f"part (tasks found: {', '.join(sorted(set(tasks.tolist())))}): give some, or another "
+                             f"fallback (--set fallback=TASK)")
+        self.parts = {}
+        for task, idx in owned.items():
             part = Fused(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
                          prior=self.prior, **self._part_settings())
             self.parts[task] = part.fit_signals([signals[i] for i in idx], labels[idx],
                                                 None if views is None else [views[i] for i in idx],
                                                 None if groups is None else groups[idx])
-        if fallback not in self.parts:
-            self.parts = {}
-            raise InputError(f"the fallback task {fallback!r} has too few answers to fit a part (at least "
-                             f"{MIN_PER_LABEL} of each label; tasks found: {', '.join(sorted(set(tasks.tolist())))})"
-                             f": give more of them, or another fallback (--set fallback=TASK)")
         self.identity = dict(self.parts[fallback].identity)
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
                           "n_sources": int(len(np.unique(groups))) if groups is not None else None,
