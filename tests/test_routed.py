@@ -79,6 +79,9 @@ def test_every_answer_is_judged_by_its_part(scorer, probe, summaries, dialogue, 
     probs = routed.score(samples)
     np.testing.assert_allclose(probs, [v["score"] for v in found], atol=1e-4)
     np.testing.assert_allclose(routed.scores_and_ranking(signals)[0], probs, atol=1e-9)
+    # answers of one part rank by that part's own (unclipped) ranking score, as the part alone would rank them
+    np.testing.assert_allclose(routed.answer_scores(views[:3], signals[:3])[2],
+                               routed.parts["qa"].answer_scores(views[:3], signals[:3])[2])
     assert list(routed.predict(samples)) == [v["hallucinated"] for v in found]
 
     routed.save(tmp_path / "routed.json")
@@ -105,6 +108,7 @@ def test_recalibrating_changes_only_the_parts_with_labels(scorer, probe, routed)
     assert det.parts["summary"].to_dict() == summary
     assert det.parts["qa"].decision_rule == "conformal fpr=0.2"
     assert det.parts["qa"].threshold == report["parts"]["qa"]["threshold"] != routed.parts["qa"].threshold
+    assert det.fitted_on["parts"]["qa"]["threshold"] == round(det.parts["qa"].threshold, 4)
 
 
 def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, summaries, tmp_path):

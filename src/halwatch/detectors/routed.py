@@ -151,21 +151,29 @@ class Routed(Detector):
     def _flat(self, groups, idx) -> list[int]:
         return [i for a in idx for i in groups[a]]
 
+    def _ranking(self, tasks, probs, rankings) -> np.ndarray:
+        """Answers judged by one part rank by that part's own ranking score (its raw score, unclipped); answers of
+        several parts, whose raw scores are on different scales, by each part's calibrated log-odds."""
+        if len(self._routes(tasks)) == 1:
+            return np.asarray(rankings, dtype=float)
+        return _logodds(probs)
+
     def answer_scores(self, views, signals):
-        """Each answer scored by its task's part; the ranking score is the part's calibrated log-odds."""
+        """Each answer scored by its task's part (ranking scores: :meth:`_ranking`)."""
         self._require_fitted()
         groups, tasks = self._answer_groups(views)
 
         def run(part, idx):
             flat = self._flat(groups, idx)
             found = part.answer_scores([views[i] for i in flat], [signals[i] for i in flat])
-            return zip(found[0], found[1], found[3], found[4] if found[4] is not None else [None] * len(idx))
+            return zip(found[0], found[1], found[2], found[3],
+                       found[4] if found[4] is not None else [None] * len(idx))
 
         rows = self._per_part(tasks, run, len(groups))
         probs = np.array([r[1] for r in rows], dtype=float)
-        tokens = [r[3] for r in rows]
-        return ([r[0] for r in rows], probs, _logodds(probs), np.array([r[2] for r in rows], dtype=float),
-                None if any(t is None for t in tokens) else tokens)
+        tokens = [r[4] for r in rows]
+        return ([r[0] for r in rows], probs, self._ranking(tasks, probs, [r[2] for r in rows]),
+                np.array([r[3] for r in rows], dtype=float), None if any(t is None for t in tokens) else tokens)
 
     def answer_outputs(self, views, signals):
         """Each answer's part's :meth:`~Detector.answer_outputs`: the raw scores are on each part's own scale, and
@@ -187,10 +195,12 @@ class Routed(Detector):
         self._require_fitted()
 
         def run(part, idx):
-            return part.scores_and_ranking([signals[i] for i in idx])[0]
+            return zip(*part.scores_and_ranking([signals[i] for i in idx]))
 
-        probs = np.array(self._per_part([s.task for s in signals], run, len(signals)), dtype=float)
-        return probs, _logodds(probs)
+        tasks = [s.task for s in signals]
+        rows = self._per_part(tasks, run, len(signals))
+        probs = np.array([r[0] for r in rows], dtype=float)
+        return probs, self._ranking(tasks, probs, [r[1] for r in rows])
 
     def raw_scores(self, signals):
         """Each answer's part's raw score (on that part's own scale)."""
@@ -214,10 +224,10 @@ class Routed(Detector):
                               len(signals))
 
     def token_spans(self, view, tokens, prob, min_confidence: float = 0.0):
-        return self.for_task(task_of(view.sample)).token_spans(view, tokens, prob, min_confidence)
+        return self.for_task(self._view_tasks([view])[0]).token_spans(view, tokens, prob, min_confidence)
 
     def spans_from(self, view, signals, prob=None, min_confidence: float = 0.0):
-        return self.for_task(task_of(view.sample)).spans_from(view, signals, prob, min_confidence)
+        return self.for_task(self._view_tasks([view])[0]).spans_from(view, signals, prob, min_confidence)
 
     def verdicts(self, views, signals, min_span_confidence: float | None = None) -> list[dict]:
         """:meth:`Detector.verdicts` of each answer's part, with the part's threshold, and ``task``: the part
@@ -235,9 +245,10 @@ class Routed(Detector):
         return [{**v, "task": self.route(t)} for v, t in zip(out, tasks)]
 
     def recalibrate(self, raw, labels, target_fpr=None, describe: str = "", tasks=None) -> dict:
-        """:meth:`Detector.recalibrate` of each part on its own task's answers (``tasks``: each answer's task;
-        ``raw`` on each part's own scale, as :meth:`answer_outputs` gives them), where they hold both labels; the
-        other parts keep their fit. Returns ``{"parts": {task: report}, "kept": [tasks not recalibrated]}``."""
+        """:meth:`Detector.recalibrate` of each part on the answers it judges (``tasks``: each answer's task; those
+        of a task without a part go to the fallback's; ``raw`` on each part's own scale, as :meth:`answer_outputs`
+        gives them), where they hold both labels; the other parts keep their fit. Returns ``{"parts": {part:
+        report}, "kept": [parts not recalibrated]}``."""
         self._require_fitted()
         if tasks is None:
             raise InputError("a routed detector recalibrates each task's part on that task's answers: give the "
@@ -249,7 +260,9 @@ class Routed(Detector):
                 reports[name] = self.for_task(name).recalibrate(raw[idx], labels[idx], target_fpr, describe)
         if not reports:
             raise InputError("no task has both grounded (0) and hallucinated (1) answers to calibrate on")
-        self.fitted_on = {**self.fitted_on, "recalibrated": sorted(reports)}
+        parts = {t: {**row, "threshold": round(float(self.parts[t].threshold), 4)}
+                 for t, row in self.fitted_on.get("parts", {}).items()}
+        self.fitted_on = {**self.fitted_on, "parts": parts, "recalibrated": sorted(reports)}
         return {"parts": reports, "kept": sorted(set(self.parts) - set(reports))}
 
     # ---- artifacts ------------------------------------------------------------------------------------------------

@@ -42,10 +42,10 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     rows = []
     for name in datasets:
         samples = [s for s in load_dataset(name)[0] if split_of(s) == split]
-        tasks = {task_of(s) for s in samples}
-        if len(tasks) != 1:
-            raise InputError(f"{name}: answers of several tasks ({', '.join(sorted(tasks))}); check one at a time")
-        part = base.for_task(tasks.pop())  # a detector with one part per task calibrates that task's part
+        parts = {id(base.for_task(t)): base.for_task(t) for t in {task_of(s) for s in samples}}
+        if len(parts) != 1:
+            raise InputError(f"{name}: answers judged by several parts of {detector}; check one task at a time")
+        part = next(iter(parts.values()))  # a detector with one part per task calibrates that task's part
         raw = part.answers(samples, progress=True)[1]  # as halwatch calibrate and score see them
         labels = np.array([s.label for s in samples])
         reached = []
