@@ -73,10 +73,13 @@ def default_task(question: str | None) -> str:
     return "qa" if question else "summary"
 
 
-def task_of(sample: "Sample") -> str:
+def task_of(sample: "Sample | None") -> str | None:
     """The task an answer is judged as (:class:`halwatch.detectors.routed.Routed` picks its part by it): the
     sample's ``task``; else, for a context rendered through a template, that template's task (:func:`default_task`);
-    else question answering (a prompt given as it is, RAGTruth's or a chat's: a prompt with a question)."""
+    else question answering (a prompt given as it is, RAGTruth's or a chat's: a prompt with a question). ``None``
+    for no sample (a view made from token ids alone)."""
+    if sample is None:
+        return None
     if sample.task is not None:
         return sample.task
     return default_task(sample.question) if sample.rendered else "qa"

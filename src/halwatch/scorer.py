@@ -197,7 +197,7 @@ class Scorer:
         fresh = set(todo)
         for i, (view, sig) in enumerate(zip(views, results)):
             # neither is cached: a cached pass may have served another view with the same input ids
-            sig.task = task_of(view.sample) if view.sample is not None else None
+            sig.task = task_of(view.sample)
             if request.support and (i not in fresh or sig.support is None):
                 attach_support(view, sig)
         return results

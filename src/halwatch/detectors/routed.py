@@ -75,9 +75,6 @@ class Routed(Detector):
         routes = np.array([self.route(t) for t in tasks], dtype=object)
         return {name: np.flatnonzero(routes == name) for name in sorted(set(routes.tolist()))}
 
-    def _view_tasks(self, views) -> list:
-        return [task_of(v.sample) if v.sample is not None else None for v in views]
-
     # ---- fitting ------------------------------------------------------------------------------------------------
     def request(self):
         from halwatch.models.forward import whitebox_request
@@ -92,7 +89,7 @@ class Routed(Detector):
         labels = np.asarray(labels, dtype=int)
         if len(labels) != len(signals):
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
-        tasks = self._view_tasks(views) if views is not None else [s.task for s in signals]
+        tasks = [task_of(v.sample) for v in views] if views is not None else [s.task for s in signals]
         fallback = self.settings["fallback"]
         tasks = np.array([t or fallback for t in tasks], dtype=object)
         groups = np.asarray(groups) if groups is not None else groups_of(views)
@@ -146,7 +143,7 @@ class Routed(Detector):
     def _answer_groups(self, views):
         """Per answer (its windows: :func:`halwatch.tokens.window_groups`), its view indices and its task."""
         groups = window_groups(views)
-        return groups, [task_of(views[g[-1]].sample) if views[g[-1]].sample is not None else None for g in groups]
+        return groups, [task_of(views[g[-1]].sample) for g in groups]
 
     def _flat(self, groups, idx) -> list[int]:
         return [i for a in idx for i in groups[a]]
@@ -224,10 +221,10 @@ class Routed(Detector):
                               len(signals))
 
     def token_spans(self, view, tokens, prob, min_confidence: float = 0.0):
-        return self.for_task(self._view_tasks([view])[0]).token_spans(view, tokens, prob, min_confidence)
+        return self.for_task(task_of(view.sample)).token_spans(view, tokens, prob, min_confidence)
 
     def spans_from(self, view, signals, prob=None, min_confidence: float = 0.0):
-        return self.for_task(self._view_tasks([view])[0]).spans_from(view, signals, prob, min_confidence)
+        return self.for_task(task_of(view.sample)).spans_from(view, signals, prob, min_confidence)
 
     def verdicts(self, views, signals, min_span_confidence: float | None = None) -> list[dict]:
         """:meth:`Detector.verdicts` of each answer's part, with the part's threshold, and ``task``: the part
