@@ -163,7 +163,8 @@ def _add_ray_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--ray-actors", type=int, default=1, help="Ray: actors, each loading the model once (default 1)")
     p.add_argument("--ray-cpus", type=float, default=1, help="Ray: CPUs per actor, its torch threads (default 1)")
     p.add_argument("--ray-gpus", type=float, default=None,
-                   help="Ray: GPUs per actor (default 1 with --device cuda, else 0)")
+                   help="Ray: GPUs per actor (default 1 with --device cuda, else 0); a fraction also holds the "
+                        "actor to that share of the GPU's memory")
     p.add_argument("--ray-batch", type=int, default=8, help="Ray: records per Ray batch (default 8)")
     p.add_argument("--ray-timeout", type=float, default=30,
                    help="Ray: seconds to wait for the cluster's address to answer (default 30)")
@@ -647,8 +648,9 @@ def _add_bench_parser(sub) -> None:
     s.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
                    help="phases: answers per batch (default auto: as many as fit the scorer's token budget)")
     s.add_argument("--processes", type=_positive_int, default=1, metavar="N",
-                   help="batched: N processes share the device, each scoring the answers with its own model, as "
-                        "--ray-actors N --ray-gpus 1/N deploys them; their answers/s together (default 1)")
+                   help="batched: N processes share the device, each scoring the answers with its own model and "
+                        "1/N of the GPU's memory, as --ray-actors N --ray-gpus 1/N deploys them; their answers/s "
+                        "together (default 1)")
     add_device_options(s)
 
     arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "

@@ -132,10 +132,12 @@ def batch_records(batch: dict) -> list[dict]:
 class _Loaded:
     """What every actor holds: a scorer (the model loaded once, no disk cache) and, given one, the detector."""
 
-    def __init__(self, detector: str | dict | None, scorer_options: dict | None = None, threads: int | None = None):
+    def __init__(self, detector: str | dict | None, scorer_options: dict | None = None, threads: int | None = None,
+                 gpu_share: float = 0):
         import torch
 
         from halwatch.detectors import DETECTORS, read_artifact
+        from halwatch.models.loader import share_device
         from halwatch.scorer import Scorer
 
         if threads:
@@ -144,7 +146,7 @@ class _Loaded:
         self.scorer = Scorer.from_options(identity=artifact, cache=None, **(scorer_options or {}))
         self.detector = None if artifact is None else DETECTORS[artifact["detector"]].from_dict(artifact,
                                                                                                   scorer=self.scorer)
-        self.scorer.model  # load it now, once per actor
+        share_device(self.scorer.model, gpu_share)  # load it now, once per actor; a fraction of a GPU: its memory
 
 
 class ScoreActor(_Loaded):
@@ -196,8 +198,9 @@ class SignalActor(_Loaded):
     """Computes the signals of a batch of records for ``request`` (from the driver's scorer): columns ``id`` and
     ``signals`` (the arrays, as bytes of an ``.npz``)."""
 
-    def __init__(self, request, scorer_options: dict | None = None, threads: int | None = None):
-        super().__init__(None, scorer_options, threads)
+    def __init__(self, request, scorer_options: dict | None = None, threads: int | None = None,
+                 gpu_share: float = 0):
+        super().__init__(None, scorer_options, threads, gpu_share)
         self.request = request
 
     def __call__(self, batch: dict) -> dict:
@@ -216,11 +219,13 @@ class SignalActor(_Loaded):
 
 def _map(dataset, actor: type, constructor: dict, actors: int, cpus: float, gpus: float, batch_size: int):
     """``dataset.map_batches`` through a pool of ``actors`` actors of class ``actor``, each built once with
-    ``constructor`` and as many torch threads as it has CPUs."""
+    ``constructor``, as many torch threads as it has CPUs and, given a fraction of a GPU, that share of its
+    memory."""
     ray = _ray()
     if actors < 1:
         raise InputError(f"--ray-actors must be at least 1, got {actors}")
-    return dataset.map_batches(actor, fn_constructor_kwargs={**constructor, "threads": max(1, int(cpus))},
+    constructor = {**constructor, "threads": max(1, int(cpus)), "gpu_share": gpus}
+    return dataset.map_batches(actor, fn_constructor_kwargs=constructor,
                                compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus,
                                batch_size=batch_size, batch_format="numpy")
 

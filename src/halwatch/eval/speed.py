@@ -273,7 +273,7 @@ def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> f
     model = sm.name if sm.name in registry.MODELS else sm.path
     threads = max(1, torch.get_num_threads() // processes)  # on a CPU, each its share of the cores
     workers = [ctx.Process(target=_score_in_process, args=(model, str(sm.device), sm.dtype, n, seed, repeats,
-                                                          threads, go, messages), daemon=True)
+                                                          threads, 1 / processes, go, messages), daemon=True)
                for _ in range(processes)]
 
     def gather(what: str) -> list:
@@ -305,20 +305,22 @@ def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> f
     return sum(count for _, _, count in spans) / (max(end for _, end, _ in spans) - min(start for start, _, _ in spans))
 
 
-def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, repeats: int, threads: int, go,
-                      messages) -> None:
-    """One of :func:`_rate_of_processes`' processes, with ``threads`` CPU threads: puts ``None`` once warm, then
-    ``(start, end, answers scored)``; or the line of the error that stopped it."""
+def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, repeats: int, threads: int,
+                      share: float, go, messages) -> None:
+    """One of :func:`_rate_of_processes`' processes, with ``threads`` CPU threads and ``share`` of its GPU's memory:
+    puts ``None`` once warm, then ``(start, end, answers scored)``; or the line of the error that stopped it."""
     import logging
 
     import torch
 
-    from halwatch.models.loader import load_model
+    from halwatch.models.loader import load_model, share_device
 
     torch.set_num_threads(threads)
     logging.getLogger("halwatch").setLevel(logging.ERROR)
     try:
-        detector = _default_detector(load_model(model, device=device, dtype=dtype))
+        sm = load_model(model, device=device, dtype=dtype)
+        share_device(sm, share)
+        detector = _default_detector(sm)
         scorer = detector._scorer()
         scorer.batch_size = None
         samples, _ = _by_length(scorer, seeded_sample(n, seed))

@@ -271,12 +271,18 @@ class _Capture:
 
     def _budget(self, tensor) -> int:
         """Bytes of partial reducer results held before they are finished together: :data:`PARTIAL_BUDGET` on a
-        CPU; on a GPU an eighth of the memory free when the batch began (at least that), so that Prim's algorithm
-        runs on many layers at once."""
+        CPU; on a GPU an eighth of the memory this process could still take when the batch began (at least that),
+        so that Prim's algorithm runs on many layers at once: the device's free memory, or less where the process
+        is held to a share of it (:func:`halwatch.models.loader.share_device`; processes started together each see
+        the whole device free, and a dozen of them ran it out of memory)."""
         if self.budget is None:
             import torch
 
-            free = torch.cuda.mem_get_info(tensor.device)[0] if tensor.device.type == "cuda" else 0
+            free = 0
+            if tensor.device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(tensor.device)
+                share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(tensor.device)
+                free = min(free, int(share * total) - torch.cuda.memory_allocated(tensor.device))
             self.budget = max(PARTIAL_BUDGET, free // 8)  # Prim's join of the partials doubles them for a while
         return self.budget
 

@@ -150,6 +150,16 @@ def _from_folder(folder: Path, name: str, weights_hash: str, device: str, dtype:
     return ScoringModel(name=name, path=str(folder), weights_hash=weights_hash, model=model, tokenizer=tokenizer)
 
 
+def share_device(model: ScoringModel, share: float) -> None:
+    """Hold this process to ``share`` of its GPU's memory (0 < share < 1: several processes on one GPU, as
+    ``--ray-gpus 0.25`` or ``halwatch bench speed --processes 4`` run them), so that none takes what the others
+    need; the attention capture sizes its buffers to the share. Nothing on a CPU, or with a share of 1 or more."""
+    import torch
+
+    if 0 < share < 1 and model.device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(share, model.device)
+
+
 def load_model(name_or_path: str = registry.DEFAULT_MODEL, pull_missing: bool = True, device: str = "auto",
                dtype: str = "auto") -> ScoringModel:
     """Load a scoring model.
