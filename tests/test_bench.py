@@ -277,3 +277,17 @@ def test_sampling_baselines_under_a_protocol(smol, signal_cache, datasets):
     _, probe, test = make_splits("ragtruth-official", bench.data(datasets[0], needed=())[0], [0], 8)[0]
     used = {i for i, s in enumerate(signals) if s is not None}
     assert used == set(probe) | set(test) and len(used) < len(signals)  # not the other training answers
+
+
+def test_a_fit_the_answers_cannot_make_skips_its_rows_and_says_why(smol, signal_cache, datasets, caplog):
+    """A routed detector whose fallback task has no answers in the training data (two QA sets, fallback summary)
+    is refused at each fit: the bench says so in one line per fit and still gives the other detectors' rows."""
+    bench = Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), ["routed", "length"],
+                  options={"routed": {"fallback": "summary"}}, progress=False)
+    with caplog.at_level("WARNING", logger="halwatch"):
+        bench.run("shape-transfer", datasets, eval_split="test")
+    rows = {(r["dataset"], r["detector"], r["settings"]["training"]) for r in bench.rows}
+    assert rows == {(d, "length", t) for d in datasets for t in ("included", "held-out")}
+    skipped = [r.getMessage() for r in caplog.records if "not fitted, its rows skipped" in r.getMessage()]
+    assert len(skipped) == 3  # the pooled fit and one held-out fit per dataset
+    assert all(m.startswith("routed fitted on every dataset") and "fallback task 'summary'" in m for m in skipped)

@@ -281,6 +281,16 @@ class Bench:
         det.fit_signals(*train)
         return det, det.scores_and_ranking(test) if test else None
 
+    def _fitted(self, detector_name, train, options, what: str):
+        """:meth:`fit_score`'s detector fitted on ``train``, or ``None`` where these answers cannot fit it (one
+        label only; a routed detector without its fallback task): the bench says why in one line, skips the rows
+        of that fit and goes on."""
+        try:
+            return self.fit_score(detector_name, train, [], options)[0]
+        except InputError as exc:
+            log.warning("%s fitted on %s: not fitted, its rows skipped: %s", detector_name, what, exc)
+            return None
+
     def _record(self, dataset, generator, protocol, seed, detector, labels, scored, threshold, seconds, extra=None,
                 probe_size=None):
         """One result row and the test predictions: ``scored`` = (probabilities, ranking scores); AUROC and AUC-PR
@@ -321,9 +331,10 @@ class Bench:
                     _, labels, views, signals, generator = self._detector_data(name, det_name, options,
                                                                                np.concatenate([probe, test]))
                     t0 = time.perf_counter()
-                    det, _ = self.fit_score(
-                        det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]), [],
-                        options)
+                    det = self._fitted(det_name, ([signals[i] for i in probe], labels[probe],
+                                                  [views[i] for i in probe]), options, f"{name} (seed {seed})")
+                    if det is None:
+                        continue
                     scored, spans, thresholds = self.score_answers(det, [views[i] for i in test],
                                                                    [signals[i] for i in test])
                     self._record(name, generator, protocol, seed, det_name, labels[test], scored, thresholds,
@@ -374,18 +385,20 @@ class Bench:
 
             trainable = [n for n in datasets if parts[n][0]]
             t0 = time.perf_counter()
-            det, _ = self.fit_score(det_name, probe(trainable), [], options)
-            for name in datasets:
+            det = self._fitted(det_name, probe(trainable), options, "every dataset")
+            for name in datasets if det is not None else ():
                 if parts[name][1]:
                     score(det, [name], name, t0, "included" if parts[name][0] else "never")
-            if len(generators) > 1:
+            if len(generators) > 1 and det is not None:
                 score(det, generators, "ragtruth:pooled", t0, "included")
             for name in trainable:  # a lone trained dataset has nothing else to fit on: no held-out row
                 if not parts[name][1] or len(trainable) < 2 or (hold_out is not None and name not in hold_out):
                     continue
                 t0 = time.perf_counter()
-                det, _ = self.fit_score(det_name, probe([n for n in trainable if n != name]), [], options)
-                score(det, [name], name, t0, "held-out")
+                det = self._fitted(det_name, probe([n for n in trainable if n != name]), options,
+                                   f"every dataset but {name}")
+                if det is not None:
+                    score(det, [name], name, t0, "held-out")
         return self.rows
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
@@ -425,9 +438,10 @@ class Bench:
                 _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
                 _, t_labels, t_views, t_signals, generator = self._detector_data(target, det_name, options, t_test)
                 t0 = time.perf_counter()
-                det, _ = self.fit_score(
-                    det_name, ([s_signals[i] for i in probe], s_labels[probe], [s_views[i] for i in probe]), [],
-                    options)
+                det = self._fitted(det_name, ([s_signals[i] for i in probe], s_labels[probe],
+                                              [s_views[i] for i in probe]), options, f"{source} (seed {seed})")
+                if det is None:
+                    continue
                 scored, spans, thresholds = self.score_answers(det, [t_views[i] for i in t_test],
                                                                [t_signals[i] for i in t_test])
                 self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
