@@ -140,6 +140,9 @@ def test_shape_transfer_never_trains_on_the_never_datasets(smol, signal_cache, d
     bench.run("shape-transfer", [a, b], eval_split="test", hold_out=[b])
     assert {(r["dataset"], r["settings"]["training"]) for r in bench.rows} == {(a, "included"), (b, "included"),
                                                                               (b, "held-out")}
+    bench.rows = []
+    bench.run("shape-transfer", [a, b], eval_split="test", hold_out=[])  # `--hold-out` alone: the pooled fit only
+    assert {(r["dataset"], r["settings"]["training"]) for r in bench.rows} == {(a, "included"), (b, "included")}
 
 
 def test_every_split_keeps_a_source_on_one_side():

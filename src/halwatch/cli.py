@@ -606,8 +606,9 @@ def _add_bench_parser(sub) -> None:
     r.add_argument("--never", nargs="+", default=[], metavar="NAME",
                    help="shape-transfer: datasets scored on --eval-split by the pooled fit but never trained on "
                         "(shapes the detector has not seen)")
-    r.add_argument("--hold-out", nargs="+", metavar="NAME",
-                   help="shape-transfer: fit without each of these datasets in turn (default: each trained one)")
+    r.add_argument("--hold-out", nargs="*", metavar="NAME",
+                   help="shape-transfer: fit without each of these datasets in turn (default: each trained one; "
+                        "--hold-out alone: none, only the pooled fit)")
     r.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
     r.add_argument("--probe-size", type=int, help="probe samples drawn from the training part (default: all for "
                                                   "ragtruth-official and kfold, 100 for random-splits)")
