@@ -25,7 +25,7 @@ def test_score_one_answer():
               "--response", "Insulin is produced by red blood cells in the bone marrow.")
     result = json.loads(out.stdout)
     assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "detector", "scoring_model",
-                           "input_mode", "truncated", "windows", "ood"}
+                           "input_mode", "truncated", "windows", "ood", "task"}
     assert set(result["ood"]) == {"distance", "percentile", "extrapolated"}
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:
@@ -194,13 +194,15 @@ def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path):
     out = run("calibrate", "--input", str(data), "--target-fpr", "0.2", "--output", str(art))
     assert "split-conformal" in out.stderr and "exchangeable" in out.stderr
     recal = json.loads(art.read_text())
-    assert recal["decision"] == "conformal fpr=0.2" and recal["fitted_on"]["recalibrated"]["n"] == 54
+    qa = recal["parts"]["qa"]  # the default is routed: the QA answers recalibrate its qa part alone
+    assert qa["decision"] == "conformal fpr=0.2" and qa["fitted_on"]["recalibrated"]["n"] == 54
+    assert recal["fitted_on"]["recalibrated"] == ["qa"]
     scored = tmp_path / "scored.jsonl"
     run("score", "--input", str(data), "--output", str(scored), "--detector", str(art))
     rows = [json.loads(line) for line in scored.read_text().splitlines()]
     flagged_grounded = sum(r["hallucinated"] for r in rows[:39])
     assert flagged_grounded == 39 - math.ceil(40 * 0.8)
-    assert all(r["threshold"] == pytest.approx(recal["threshold"], abs=1e-4) for r in rows)
+    assert all(r["threshold"] == pytest.approx(recal["thresholds"]["qa"], abs=1e-4) for r in rows)
 
 
 def test_score_a_summary_without_a_question(tmp_path):
@@ -212,8 +214,9 @@ def test_score_a_summary_without_a_question(tmp_path):
     summary = "Springfield will build a new library on Main Street that opens in 2027."
     out = json.loads(run("score", "--no-cache", "--context", article, "--response", summary).stdout)
     same = json.loads(run("score", "--no-cache", "--prompt", SUMMARY_TEMPLATE.format(context=article),
-                          "--response", summary).stdout)
+                          "--task", "summary", "--response", summary).stdout)  # a prompt as it is: qa unless told
     assert out["score"] == same["score"] and out["spans"] == same["spans"]
+    assert out["task"] == same["task"] == "summary"
     dialogue = json.loads(run("score", "--no-cache", "--context", article, "--question", "Is the library big?",
                               "--task", "dialogue", "--response", summary).stdout)
     assert dialogue["score"] != out["score"]

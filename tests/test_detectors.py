@@ -127,10 +127,15 @@ def test_shipped_artifacts_load_and_name_their_data():
     assert {"default", "toha", "toha-chat", "lookback-lens", "lookback-lens-chat", "perplexity", "max-entropy",
             "mean-entropy"} <= set(shipped)
     default = load_detector("default")
-    assert default.name == "fused" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
-    assert default.token_model is not None and "log_length" in default.coefficients()
+    assert default.name == "routed" and default.fitted_on["n"] > 2000  # RAGTruth QA train, all three generators
+    assert set(default.parts) == {"qa", "dialogue", "summary"}  # the fallback, qa, takes data-to-text
+    for task, part in default.parts.items():
+        assert "log_length" in part.coefficients() and part.fitted_on["n"] >= 1000
+        # a token model where the task's answers have span labels (BEGIN's and FaithDial's replies have none)
+        assert (part.token_model is None) == (task == "dialogue"), task
     assert len(load_detector("toha").heads) <= load_detector("toha").settings["n_max"]
     for name in shipped:
         det = load_detector(name)
         assert det.identity["scoring_model"] == "smollm2-135m" and "ragtruth" in det.fitted_on["data"].lower()
-        assert det.fitted_on["n"] >= 100 and 0 < det.threshold < 1
+        thresholds = det.thresholds.values() if name == "default" else [det.threshold]
+        assert det.fitted_on["n"] >= 100 and all(0 < t < 1 for t in thresholds)

@@ -355,7 +355,8 @@ def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
     plain = client.chat.completions.create(model="smollm2-135m", messages=messages, temperature=0, max_tokens=24)
     answer = plain.choices[0].message.content
     verdict = plain.model_extra["halwatch"]
-    assert answer and verdict["context_from"] == "system" and verdict["detector"] == "fused"
+    assert answer and verdict["context_from"] == "system" and verdict["detector"] == "routed"
+    assert verdict["task"] == "qa"  # a chat's system message and question: the QA part
     direct = Client(guarded.url).score(**INSULIN, response=answer)
     assert verdict["score"] == pytest.approx(direct["score"], abs=1e-4)
     assert verdict["hallucinated"] == direct["hallucinated"] and verdict["spans"] == direct["spans"]
