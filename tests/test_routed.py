@@ -4,6 +4,7 @@ threshold, spans) by its task's part, tasks without a part sent to the fallback,
 import numpy as np
 import pytest
 
+from halwatch.data.jsonl import sample_from_record, sample_record
 from halwatch.data.shared import read_shared
 from halwatch.detectors import create_detector, load_detector
 from halwatch.sample import Sample, task_of
@@ -41,6 +42,13 @@ def test_task_of_each_kind_of_record(probe, summaries, dialogue):
     assert task_of(Sample(context="The sky is blue.", response="The sky is blue.")) == "summary"
     assert task_of(Sample(prompt="Summarise: the sky is blue.", response="Blue sky.", task="summary")) == "summary"
     assert task_of(Sample(prompt="Summarise: the sky is blue.", response="Blue sky.")) == "qa"
+    # a record written for another process (Ray's actors) or a file reads back with the same prompt and task
+    for sample in (Sample(context="The sky is blue.", response="The sky is blue."), probe[0], dialogue[0],
+                   Sample(context="The sky is blue.", question="Is it?", response="Yes.", task="dialogue"),
+                   Sample(prompt="Summarise: the sky is blue.", response="Blue sky.", task="summary")):
+        for record in (sample_record(sample), sample.to_dict()):
+            back = sample_from_record(record, "test")
+            assert (back.prompt, back.response, task_of(back)) == (sample.prompt, sample.response, task_of(sample))
 
 
 def test_each_part_is_a_fused_fit_on_its_task_alone(scorer, probe, summaries, routed):

@@ -202,6 +202,8 @@ class Sample:
             out["prompt"] = self.prompt
             if self.context_span is not None:
                 out["context_span"] = list(self.context_span)
+            if self.task:
+                out["task"] = self.task
         out["response"] = self.response
         if self.label is not None:
             out["label"] = self.label

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from halwatch.errors import InputError
 from halwatch.files import replaced
-from halwatch.sample import Sample
+from halwatch.sample import Sample, task_of
 
 FIELDS = {"id", "prompt", "context", "question", "task", "response", "label", "spans", "context_span", "meta"}
 
@@ -71,8 +71,10 @@ def sample_from_record(record, where: str, prompts_only: bool = False, task: str
 
 
 def sample_record(sample: Sample) -> dict:
-    """A sample as a record of this format that reads back to the same prompt, context span and response."""
-    record = {"id": sample.id, "prompt": sample.prompt, "response": sample.response}
+    """A sample as a record of this format that reads back to the same prompt, context span, response and task (the
+    prompt as it is, so the task is written out: a summary rendered from a context would read back as a QA prompt,
+    judged by another part of a routed detector)."""
+    record = {"id": sample.id, "prompt": sample.prompt, "response": sample.response, "task": task_of(sample)}
     if sample.context_span is not None:
         record["context_span"] = list(sample.context_span)
     return record
