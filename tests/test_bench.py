@@ -145,6 +145,48 @@ def test_shape_transfer_never_trains_on_the_never_datasets(smol, signal_cache, d
     assert {(r["dataset"], r["settings"]["training"]) for r in bench.rows} == {(a, "included"), (b, "included")}
 
 
+def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol, signal_cache, datasets, tmp_path):
+    """``--artifacts``: a saved artifact scored with no refit gives the rows of the same detector fitted by the bench
+    on the same answers (its probabilities too), the datasets it was not trained on marked "never"; an artifact
+    fitted on the split to be scored, or one that does not say what it was fitted on, is refused."""
+    from halwatch.data.splits import split_of
+    from halwatch.errors import InputError
+
+    scorer = Scorer(model=smol, max_tokens=512, cache=signal_cache)
+    a, b = datasets
+    fitted = Bench(scorer, ["length"], progress=False)
+    fitted.run("shape-transfer", [b], eval_split="test", never=[a])
+    samples, labels, views, signals, _ = fitted.data(b)
+    train = [i for i, s in enumerate(samples) if split_of(s) in ("train", "dev")]
+    det, _ = fitted.fit_score("length", ([signals[i] for i in train], labels[train], [views[i] for i in train]), [])
+    det.fitted_on["data"] = f"{b}: split train+dev"  # as `halwatch fit --datasets B --split train+dev` records it
+    path = tmp_path / "length.json"
+    det.save(path)
+
+    shipped = Bench(scorer, [], progress=False)
+    shipped.run("shape-transfer", [a, b], eval_split="test", artifacts=[str(path)])
+    rows = {(r["dataset"], r["settings"]["training"]): r for r in shipped.rows}
+    assert set(rows) == {(b, "included"), (a, "never")}
+    for key, row in rows.items():
+        reference = next(r for r in fitted.rows if (r["dataset"], r["settings"]["training"]) == key)
+        assert row["detector"] == str(path) and row["settings"]["fitted_on"] == f"{b}: split train+dev"
+        for metric in ("auroc", "fpr", "tpr", "f1", "ece", "n_test"):
+            assert row[metric] == pytest.approx(reference[metric]), (key, metric)
+    by_set = {p["dataset"]: p["probs"] for p in shipped.predictions}
+    for p in fitted.predictions:
+        assert by_set[p["dataset"]] == pytest.approx(p["probs"])
+
+    with pytest.raises(InputError, match="fitted on the train\\+dev split .* would read its own training answers"):
+        shipped.run("shape-transfer", [b], eval_split="dev", artifacts=[str(path)])
+    unsaid = json.loads(path.read_text())
+    unsaid["fitted_on"]["data"] = "my-answers.jsonl"  # `halwatch fit --input FILE`: no split named
+    (tmp_path / "unsaid.json").write_text(json.dumps(unsaid))
+    with pytest.raises(InputError, match="does not say which datasets and split"):
+        shipped.run("shape-transfer", [b], eval_split="test", artifacts=[str(tmp_path / "unsaid.json")])
+    with pytest.raises(InputError, match="shape-transfer only"):
+        shipped.run("official", [b], artifacts=[str(path)])
+
+
 def test_every_split_keeps_a_source_on_one_side():
     """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
     from halwatch.data.splits import split_of

@@ -540,7 +540,7 @@ def cmd_bench(args) -> int:
     run_bench(scorer, args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
               probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
               map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]),
-              eval_split=args.eval_split, never=args.never, hold_out=args.hold_out)
+              eval_split=args.eval_split, never=args.never, hold_out=args.hold_out, artifacts=args.artifacts)
     return 0
 
 
@@ -592,9 +592,13 @@ def _add_bench_parser(sub) -> None:
                          description="Fit and evaluate detectors on cached signals under the papers' protocols and "
                                      "write results.json, predictions.jsonl, report.md and figures to --out.")
     r.add_argument("--protocol", nargs="+", choices=PROTOCOLS, required=True, help="one or more protocols")
-    r.add_argument("--detectors", nargs="+", required=True,
+    r.add_argument("--detectors", nargs="+", default=[],
                    help="detector names (halwatch.detectors.DETECTORS), or NAME:KEY=VALUE,... for a variant with "
-                        "settings, e.g. lrp4rag:classifier=mlp")
+                        "settings, e.g. lrp4rag:classifier=mlp: fitted under each protocol")
+    r.add_argument("--artifacts", nargs="+", default=[], metavar="NAME|FILE",
+                   help="shape-transfer: fitted artifacts (shipped names such as default, or files of `halwatch "
+                        "fit --datasets ... --split ...`) scored as they are, with no fit; refused on the split they "
+                        "were fitted on")
     r.add_argument("--datasets", nargs="+", required=True,
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
                         "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "

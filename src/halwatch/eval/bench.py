@@ -24,13 +24,16 @@ def _series(rows, key):
 def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list[str], out: str | Path,
               seeds: int = 5, probe_size: int | None = None, settings: dict | None = None, sweeps: bool = False,
               sweep: str | None = None, map_from_model: str | None = None, command: str = "",
-              eval_split: str = "dev", never=(), hold_out=None) -> Path:
-    """Run ``protocols`` over ``datasets`` for every detector (``settings`` go to each detector that has them),
+              eval_split: str = "dev", never=(), hold_out=None, artifacts=()) -> Path:
+    """Run ``protocols`` over ``datasets`` for every detector (``settings`` go to each detector that has them) and
+    every fitted artifact of ``artifacts`` (scored as it is: shape-transfer only),
     optionally the TOHA sweeps, a setting sweep and the Lookback Lens cross-model map; merge the rows into
     ``out/results.json``, append ``command`` to ``out/commands.txt`` and write the report. Returns its path."""
     from halwatch.detectors import DETECTORS, split_spec
 
     settings = settings or {}
+    if not detectors and not artifacts:
+        raise HalwatchError("name --detectors to fit, or --artifacts to score as they are")
     methods = {d: split_spec(d)[0] for d in detectors}
     unknown = [d for d, m in methods.items() if m not in DETECTORS]
     if unknown:
@@ -44,7 +47,7 @@ def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list
     seed_list = list(range(seeds))
     for protocol in protocols:
         bench.run(protocol, datasets, seeds=seed_list, probe_size=probe_size, eval_split=eval_split, never=never,
-                  hold_out=hold_out)
+                  hold_out=hold_out, artifacts=artifacts)
     if map_from_model:
         from halwatch.scorer import Scorer
 

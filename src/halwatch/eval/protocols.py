@@ -312,12 +312,17 @@ class Bench:
         return row
 
     def run(self, protocol: str, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None, options=None, extra=None,
-            eval_split: str = "dev", never=(), hold_out=None):
+            eval_split: str = "dev", never=(), hold_out=None, artifacts=()):
         """One protocol over datasets (``transfer``: every ordered pair of datasets; ``shape-transfer``: every
         dataset held out of a pooled fit in turn, on its ``eval_split``, and the ``never`` datasets scored by the
-        pooled fit without ever being trained on; ``hold_out``: only these datasets get a held-out fit)."""
+        pooled fit without ever being trained on; ``hold_out``: only these datasets get a held-out fit;
+        ``artifacts``: fitted artifacts scored as they are, shape-transfer only)."""
         if protocol == "shape-transfer":
-            return self.run_shapes(datasets, eval_split, options, extra, never=never, hold_out=hold_out)
+            return self.run_shapes(datasets, eval_split, options, extra, never=never, hold_out=hold_out,
+                                   artifacts=artifacts)
+        if artifacts:
+            raise InputError(f"--artifacts are scored on a split they were not fitted on: protocol shape-transfer "
+                             f"only, not {protocol}")
         if protocol == "transfer":
             for source in datasets:
                 for target in datasets:
@@ -342,7 +347,8 @@ class Bench:
                                  probe_size=probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
 
-    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=(), hold_out=None):
+    def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=(), hold_out=None,
+                   artifacts=()):
         """Shape transfer: each detector is fitted on the pooled training parts of all ``datasets`` (the train
         split, and the dev split too when ``eval_split`` is ``test``) and scores every dataset's ``eval_split``
         (rows with ``settings.training = "included"``); then, for each dataset with a training part in turn, fitted
@@ -351,7 +357,8 @@ class Bench:
         marked ``"never"``. ``hold_out`` limits the held-out fits to the datasets it names. Where
         several datasets are RAGTruth generators (``ragtruth:GENERATOR``), a ``ragtruth:pooled`` row scores their
         evaluation parts together with the included model; each generator's held-out row is then leave-one-
-        generator-out transfer."""
+        generator-out transfer. ``artifacts`` (shipped names or artifact files) are scored as they are, with no
+        fit (:meth:`_shipped`): the figures of the detector users run."""
         from halwatch.data.splits import split_of
 
         if eval_split not in ("dev", "test"):
@@ -365,6 +372,16 @@ class Bench:
             parts[name] = ([i for i, sp in enumerate(splits) if sp in fit_splits and name not in never],
                            [i for i, sp in enumerate(splits) if sp == eval_split])
         generators = [n for n in datasets if n.startswith("ragtruth:") and parts[n][1]]
+        scored = [n for n in datasets if parts[n][1]]
+        settings = {"eval": eval_split, **(extra or {}).get("settings", {})}
+        for ref in artifacts:
+            t0 = time.perf_counter()
+            det, trained_on = self._shipped(ref, eval_split)
+            data = {name: self.data(name, det.request(), parts[name][1]) for name in scored}
+            for names in [[n] for n in scored] + ([generators] if len(generators) > 1 else []):
+                self._score_part(det, ref, data, parts, names, t0, {**(extra or {}), "settings": {
+                    **settings, "training": "included" if set(names) <= trained_on else "never", "artifact": ref,
+                    "fitted_on": det.fitted_on.get("data")}})
         for det_name in self.detectors:
             pooled = {name: self._detector_data(name, det_name, options, np.concatenate([fit, ev]).astype(int))
                       for name, (fit, ev) in parts.items()}
@@ -374,23 +391,17 @@ class Bench:
                 return ([d[3][i] for d, i in rows], np.array([d[1][i] for d, i in rows]),
                         [d[2][i] for d, i in rows])
 
-            def score(det, names, label, t0, training):
-                rows = [(pooled[n], i) for n in names for i in parts[n][1]]
-                signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
-                labels = np.array([d[1][i] for d, i in rows])
-                scored, spans, thresholds = self.score_answers(det, views, signals)
-                self._record(label, pooled[names[0]][4], "shape-transfer", 0, det_name, labels, scored,
-                             thresholds, time.perf_counter() - t0,
-                             {**(extra or {}), **spans, "settings": {"training": training, "eval": eval_split}})
+            def score(det, names, t0, training):
+                self._score_part(det, det_name, pooled, parts, names, t0,
+                                 {**(extra or {}), "settings": {**settings, "training": training}})
 
             trainable = [n for n in datasets if parts[n][0]]
             t0 = time.perf_counter()
             det = self._fitted(det_name, probe(trainable), options, "every dataset")
-            for name in datasets if det is not None else ():
-                if parts[name][1]:
-                    score(det, [name], name, t0, "included" if parts[name][0] else "never")
+            for name in scored if det is not None else ():
+                score(det, [name], t0, "included" if parts[name][0] else "never")
             if len(generators) > 1 and det is not None:
-                score(det, generators, "ragtruth:pooled", t0, "included")
+                score(det, generators, t0, "included")
             for name in trainable:  # a lone trained dataset has nothing else to fit on: no held-out row
                 if not parts[name][1] or len(trainable) < 2 or (hold_out is not None and name not in hold_out):
                     continue
@@ -398,8 +409,37 @@ class Bench:
                 det = self._fitted(det_name, probe([n for n in trainable if n != name]), options,
                                    f"every dataset but {name}")
                 if det is not None:
-                    score(det, [name], name, t0, "held-out")
+                    score(det, [name], t0, "held-out")
         return self.rows
+
+    def _score_part(self, det, det_name, data, parts, names, t0, extra) -> None:
+        """One shape-transfer row: ``det`` scores the evaluation parts of the datasets ``names`` (one dataset, or
+        several RAGTruth generators pooled as ``ragtruth:pooled``); ``data``: each dataset's :meth:`data`."""
+        rows = [(data[n], i) for n in names for i in parts[n][1]]
+        signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
+        labels = np.array([d[1][i] for d, i in rows])
+        scored, spans, thresholds = self.score_answers(det, views, signals)
+        self._record(names[0] if len(names) == 1 else "ragtruth:pooled", data[names[0]][4], "shape-transfer", 0,
+                     det_name, labels, scored, thresholds, time.perf_counter() - t0, {**extra, **spans})
+
+    def _shipped(self, ref: str, eval_split: str):
+        """A fitted artifact (shipped name or file) loaded for this bench's scorer, and the datasets it was trained
+        on, read from what ``halwatch fit --datasets`` records (``fitted_on.data``: "NAME, NAME: split PARTS").
+        Refused, in one line, where it was fitted on ``eval_split`` itself or does not say on which split."""
+        from halwatch.detectors import DETECTORS, read_artifact
+
+        artifact = read_artifact(ref)
+        described = str(artifact.get("fitted_on", {}).get("data", ""))
+        names, _, split = described.rpartition(": split ")
+        if not names:
+            raise InputError(f"artifact {ref!r} does not say which datasets and split it was fitted on (fitted_on."
+                             f"data is {described!r}): the bench cannot tell whether it would score its own training "
+                             f"answers; fit it with `halwatch fit --datasets ... --split ...`")
+        if eval_split in split.split("+"):
+            raise InputError(f"artifact {ref!r} was fitted on the {split} split of {names}: scoring it on the "
+                             f"{eval_split} split would read its own training answers")
+        det = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer)
+        return det, {n.strip() for n in names.split(",")}
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
         """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is
