@@ -172,6 +172,7 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
         assert row["detector"] == str(path) and row["settings"]["fitted_on"] == f"{b}: split train+dev"
         for metric in ("auroc", "fpr", "tpr", "f1", "ece", "n_test"):
             assert row[metric] == pytest.approx(reference[metric]), (key, metric)
+        assert row["length_auroc"] == pytest.approx(reference["auroc"])  # length ranks by the same token counts
     by_set = {p["dataset"]: p["probs"] for p in shipped.predictions}
     for p in fitted.predictions:
         assert by_set[p["dataset"]] == pytest.approx(p["probs"])

@@ -414,13 +414,16 @@ class Bench:
 
     def _score_part(self, det, det_name, data, parts, names, t0, extra) -> None:
         """One shape-transfer row: ``det`` scores the evaluation parts of the datasets ``names`` (one dataset, or
-        several RAGTruth generators pooled as ``ragtruth:pooled``); ``data``: each dataset's :meth:`data`."""
+        several RAGTruth generators pooled as ``ragtruth:pooled``); ``data``: each dataset's :meth:`data`. The row
+        carries ``length_auroc``, the AUROC of the answers' length in tokens on the same answers."""
         rows = [(data[n], i) for n in names for i in parts[n][1]]
         signals, views = [d[3][i] for d, i in rows], [d[2][i] for d, i in rows]
         labels = np.array([d[1][i] for d, i in rows])
         scored, spans, thresholds = self.score_answers(det, views, signals)
+        length = evaluate(labels, np.zeros(len(labels)), 0.5, [s.n_response for s in signals])["auroc"]
         self._record(names[0] if len(names) == 1 else "ragtruth:pooled", data[names[0]][4], "shape-transfer", 0,
-                     det_name, labels, scored, thresholds, time.perf_counter() - t0, {**extra, **spans})
+                     det_name, labels, scored, thresholds, time.perf_counter() - t0,
+                     {**extra, **spans, "length_auroc": length})  # the confound beside every row
 
     def _shipped(self, ref: str, eval_split: str):
         """A fitted artifact (shipped name or file) loaded for this bench's scorer, and the datasets it was trained
