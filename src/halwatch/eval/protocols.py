@@ -373,12 +373,13 @@ class Bench:
                            [i for i, sp in enumerate(splits) if sp == eval_split])
         generators = [n for n in datasets if n.startswith("ragtruth:") and parts[n][1]]
         scored = [n for n in datasets if parts[n][1]]
+        groups = [[n] for n in scored] + ([generators] if len(generators) > 1 else [])  # a row each
         settings = {"eval": eval_split, **(extra or {}).get("settings", {})}
         for ref in artifacts:
             t0 = time.perf_counter()
             det, trained_on = self._shipped(ref, eval_split)
             data = {name: self.data(name, det.request(), parts[name][1]) for name in scored}
-            for names in [[n] for n in scored] + ([generators] if len(generators) > 1 else []):
+            for names in groups:
                 self._score_part(det, ref, data, parts, names, t0, {**(extra or {}), "settings": {
                     **settings, "training": "included" if set(names) <= trained_on else "never", "artifact": ref,
                     "fitted_on": det.fitted_on.get("data")}})
@@ -398,10 +399,9 @@ class Bench:
             trainable = [n for n in datasets if parts[n][0]]
             t0 = time.perf_counter()
             det = self._fitted(det_name, probe(trainable), options, "every dataset")
-            for name in scored if det is not None else ():
-                score(det, [name], t0, "included" if parts[name][0] else "never")
-            if len(generators) > 1 and det is not None:
-                score(det, generators, t0, "included")
+            if det is not None:
+                for names in groups:
+                    score(det, names, t0, "included" if all(parts[n][0] for n in names) else "never")
             for name in trainable:  # a lone trained dataset has nothing else to fit on: no held-out row
                 if not parts[name][1] or len(trainable) < 2 or (hold_out is not None and name not in hold_out):
                     continue
