@@ -276,14 +276,14 @@ def _labelled_input(args, scorer):
         samples = _read_input(args.input, args.skip_invalid, args.task)
         describe = str(args.input)
     else:
-        from halwatch.data.splits import split_of
+        from halwatch.data.splits import describe_fit_data, split_of
         from halwatch.eval.protocols import load_dataset
 
         parts = args.split.split("+")
         samples = [s for name in args.datasets for s in load_dataset(name)[0] if split_of(s) in parts]
         if not samples:
             raise InputError(f"no samples of the split(s) {args.split} in {', '.join(args.datasets)}")
-        describe = f"{', '.join(args.datasets)}: split {args.split}"
+        describe = describe_fit_data(args.datasets, args.split)
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled:
         raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)

@@ -39,3 +39,16 @@ def split_of(sample) -> str | None:
     (``None`` where the sample has no split)."""
     split = sample.meta.get("split")
     return "dev" if split == "train" and sample.meta.get("dev") else split
+
+
+def describe_fit_data(datasets, split: str) -> str:
+    """What an artifact fitted on named datasets records as ``fitted_on.data``: "NAME, NAME: split PARTS" (read back by
+    :func:`fit_data_of`)."""
+    return f"{', '.join(datasets)}: split {split}"
+
+
+def fit_data_of(described: str) -> tuple[set[str], list[str]] | None:
+    """The datasets and split parts of a :func:`describe_fit_data` text, or ``None`` where it names none (an artifact
+    fitted on a file)."""
+    names, _, split = str(described).rpartition(": split ")
+    return ({n.strip() for n in names.split(",")}, split.split("+")) if names else None

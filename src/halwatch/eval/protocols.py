@@ -427,22 +427,24 @@ class Bench:
 
     def _shipped(self, ref: str, eval_split: str):
         """A fitted artifact (shipped name or file) loaded for this bench's scorer, and the datasets it was trained
-        on, read from what ``halwatch fit --datasets`` records (``fitted_on.data``: "NAME, NAME: split PARTS").
+        on, read from what ``halwatch fit --datasets`` records (``fitted_on.data``,
+        :func:`halwatch.data.splits.describe_fit_data`).
         Refused, in one line, where it was fitted on ``eval_split`` itself or does not say on which split."""
+        from halwatch.data.splits import fit_data_of
         from halwatch.detectors import DETECTORS, read_artifact
 
         artifact = read_artifact(ref)
-        described = str(artifact.get("fitted_on", {}).get("data", ""))
-        names, _, split = described.rpartition(": split ")
-        if not names:
+        described = artifact.get("fitted_on", {}).get("data", "")
+        found = fit_data_of(described)
+        if found is None:
             raise InputError(f"artifact {ref!r} does not say which datasets and split it was fitted on (fitted_on."
                              f"data is {described!r}): the bench cannot tell whether it would score its own training "
                              f"answers; fit it with `halwatch fit --datasets ... --split ...`")
-        if eval_split in split.split("+"):
-            raise InputError(f"artifact {ref!r} was fitted on the {split} split of {names}: scoring it on the "
-                             f"{eval_split} split would read its own training answers")
-        det = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer)
-        return det, {n.strip() for n in names.split(",")}
+        names, split = found
+        if eval_split in split:
+            raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(sorted(names))}"
+                             f": scoring it on the {eval_split} split would read its own training answers")
+        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), names
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
         """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is
