@@ -200,16 +200,18 @@ def _bootstrap_tables(preds, protocol, probe, mode) -> list[str]:
 def shape_transfer_table(rows) -> list[str]:
     """Report lines of shape-transfer rows: per dataset and detector, with the dataset's training part included
     and held out (and ``never`` for a set that is never trained on), AUROC, the operating point at the shipped
-    threshold (false- and true-positive rates, F1), the calibration error against the observed rate, and span F1."""
+    threshold (false- and true-positive rates, F1), the calibration error against the observed rate, span F1, and
+    response length's AUROC on the same answers (the confound every figure is read beside)."""
     lines = [f"## Shape transfer ({rows[0]['settings']['eval']} split)", "",
-             "| dataset | detector | training part | n | rate | AUROC | FPR | TPR | F1 | ECE | mean p | span F1 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dataset | detector | training part | n | rate | length | AUROC | FPR | TPR | F1 | ECE | mean p "
+             "| span F1 |", "|" + " --- |" * 13]
     order = {"included": 0, "never": 0, "held-out": 1}
     for r in sorted(rows, key=lambda r: (r["dataset"], r["detector"], order[r["settings"]["training"]])):
         span = f"{r['span_f1']:.3f}" if "span_f1" in r else "-"
+        length = f"{r['length_auroc']:.3f}" if "length_auroc" in r else "-"
         lines.append(f"| {r['dataset']} | {r['detector']} | {r['settings']['training']} | {r['n_test']} | "
-                     f"{r['rate']:.2f} | {r['auroc']:.3f} | {r['fpr']:.2f} | {r['tpr']:.2f} | {r['f1']:.3f} | "
-                     f"{r['ece']:.3f} | {r['mean_prob']:.2f} | {span} |")
+                     f"{r['rate']:.2f} | {length} | {r['auroc']:.3f} | {r['fpr']:.2f} | {r['tpr']:.2f} | "
+                     f"{r['f1']:.3f} | {r['ece']:.3f} | {r['mean_prob']:.2f} | {span} |")
     return lines + [""]
 
 
