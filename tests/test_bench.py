@@ -10,7 +10,7 @@ from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 from halwatch.data.jsonl import write_jsonl
 from halwatch.eval.bench import run_bench
 from halwatch.eval.protocols import Bench, make_splits, save_results
-from halwatch.eval.report import ranks_and_tests, write_report
+from halwatch.eval.report import ranks_and_tests, shape_transfer_table, write_report
 from halwatch.scorer import Scorer
 
 # one detector of each kind the harness treats apart: head selection (toha), a supervised probe of attention
@@ -148,7 +148,8 @@ def test_shape_transfer_never_trains_on_the_never_datasets(smol, signal_cache, d
 def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol, signal_cache, datasets, tmp_path):
     """``--artifacts``: a saved artifact scored with no refit gives the rows of the same detector fitted by the bench
     on the same answers (its probabilities too), the datasets it was not trained on marked "never"; an artifact
-    fitted on the split to be scored, or one that does not say what it was fitted on, is refused."""
+    fitted on the split to be scored of a dataset scored, or one that does not say what it was fitted on, is
+    refused."""
     from halwatch.data.splits import split_of
     from halwatch.errors import InputError
 
@@ -173,12 +174,15 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
         for metric in ("auroc", "fpr", "tpr", "f1", "ece", "n_test"):
             assert row[metric] == pytest.approx(reference[metric]), (key, metric)
         assert row["length_auroc"] == pytest.approx(reference["auroc"])  # length ranks by the same token counts
+    line = next(x for x in shape_transfer_table(shipped.rows) if x.startswith(f"| {b} |"))
+    assert f"| {rows[(b, 'included')]['length_auroc']:.3f} | {rows[(b, 'included')]['auroc']:.3f} |" in line
     by_set = {p["dataset"]: p["probs"] for p in shipped.predictions}
     for p in fitted.predictions:
         assert by_set[p["dataset"]] == pytest.approx(p["probs"])
 
     with pytest.raises(InputError, match="fitted on the train\\+dev split .* would read its own training answers"):
         shipped.run("shape-transfer", [b], eval_split="dev", artifacts=[str(path)])
+    assert shipped._shipped(str(path), "dev", [a])[1] == {b}  # a set it never saw: any split may be scored
     unsaid = json.loads(path.read_text())
     unsaid["fitted_on"]["data"] = "my-answers.jsonl"  # `halwatch fit --input FILE`: no split named
     (tmp_path / "unsaid.json").write_text(json.dumps(unsaid))

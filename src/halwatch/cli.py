@@ -598,7 +598,7 @@ def _add_bench_parser(sub) -> None:
     r.add_argument("--artifacts", nargs="+", default=[], metavar="NAME|FILE",
                    help="shape-transfer: fitted artifacts (shipped names such as default, or files of `halwatch "
                         "fit --datasets ... --split ...`) scored as they are, with no fit; refused on the split they "
-                        "were fitted on")
+                        "were fitted on for the sets they were fitted on")
     r.add_argument("--datasets", nargs="+", required=True,
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
                         "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "

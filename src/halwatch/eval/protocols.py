@@ -377,7 +377,7 @@ class Bench:
         settings = {"eval": eval_split, **(extra or {}).get("settings", {})}
         for ref in artifacts:
             t0 = time.perf_counter()
-            det, trained_on = self._shipped(ref, eval_split)
+            det, trained_on = self._shipped(ref, eval_split, scored)
             data = {name: self.data(name, det.request(), parts[name][1]) for name in scored}
             for names in groups:
                 self._score_part(det, ref, data, parts, names, t0, {**(extra or {}), "settings": {
@@ -425,11 +425,13 @@ class Bench:
                      det_name, labels, scored, thresholds, time.perf_counter() - t0,
                      {**extra, **spans, "length_auroc": length})  # the confound beside every row
 
-    def _shipped(self, ref: str, eval_split: str):
+    def _shipped(self, ref: str, eval_split: str, scored):
         """A fitted artifact (shipped name or file) loaded for this bench's scorer, and the datasets it was trained
         on, read from what ``halwatch fit --datasets`` records (``fitted_on.data``,
         :func:`halwatch.data.splits.describe_fit_data`).
-        Refused, in one line, where it was fitted on ``eval_split`` itself or does not say on which split."""
+        Refused, in one line, where it was fitted on the ``eval_split`` of a dataset in ``scored`` (the datasets it
+        never saw may be scored on any split: the shipped default on the dev parts of BUMP and RotoWire, where
+        choices for them are made) or does not say on which split."""
         from halwatch.data.splits import fit_data_of
         from halwatch.detectors import DETECTORS, read_artifact
 
@@ -441,8 +443,9 @@ class Bench:
                              f"data is {described!r}): the bench cannot tell whether it would score its own training "
                              f"answers; fit it with `halwatch fit --datasets ... --split ...`")
         names, split = found
-        if eval_split in split:
-            raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(sorted(names))}"
+        own = sorted(set(names) & set(scored))
+        if eval_split in split and own:
+            raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(own)}"
                              f": scoring it on the {eval_split} split would read its own training answers")
         return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), names
 
