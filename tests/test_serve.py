@@ -301,10 +301,20 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
         def ask(i):
             replies[i] = httpx.post(base + "/v1/score", json=items[i], timeout=120)
 
+        def received():
+            """/v1/score requests the server holds or has answered with 200 since the big one (its own metrics)."""
+            text = httpx.get(base + "/metrics").text
+            value = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("halwatch_requests")}
+            return (value.get('halwatch_requests_in_flight{route="/v1/score"}', 0)
+                    + value.get('halwatch_requests_total{route="/v1/score",status="200"}', 0) - 1)
+
         askers = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
         for t in askers:
             t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while received() < 16 and time.monotonic() < deadline:  # SIGTERM once all 16 are in: none is refused
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         for t in askers:
             t.join(120)

@@ -185,7 +185,7 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
-    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     app = FastAPI(lifespan=lifespan, **fastapi_options)
@@ -211,6 +211,8 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
                           buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)),
         errors=Counter("halwatch_errors", "Requests answered with an error status", ["route", "status"],
                        registry=registry),
+        in_flight=Gauge("halwatch_requests_in_flight", "Requests received and not yet answered", ["route"],
+                        registry=registry),
     )
 
     def reply(status: int, message: str, code=None, param=None, headers=None):
@@ -379,6 +381,8 @@ class _Guard:
             await sending({"type": "http.response.start", "status": code, "headers": head})
             await send({"type": "http.response.body", "body": body})
 
+        metrics = self.owner.state.server.metrics
+        metrics["in_flight"].labels(route).inc()
         try:
             refused = self.refusal(headers, path)
             if refused is not None:
@@ -396,7 +400,7 @@ class _Guard:
             await self.app(scope, receive, sending)
         finally:
             elapsed = time.perf_counter() - t0
-            metrics = self.owner.state.server.metrics
+            metrics["in_flight"].labels(route).dec()
             metrics["requests"].labels(route, str(status[0])).inc()
             metrics["latency"].labels(route).observe(elapsed)
             if status[0] >= 400:
