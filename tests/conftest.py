@@ -29,6 +29,10 @@ def pytest_configure(config):
         if (real / name).is_dir():
             (_TEST_HOME / name).symlink_to(real / name, target_is_directory=True)
     os.environ["HALWATCH_HOME"] = str(_TEST_HOME)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers (pytest-xdist): one core each
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config):
