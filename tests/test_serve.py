@@ -27,6 +27,15 @@ EIFFEL = {"context": "The Eiffel Tower in Paris was completed in 1889 and was de
           "response": "The Eiffel Tower was completed in 1925 and was designed by Napoleon Bonaparte."}
 
 
+def scrape(url: str) -> dict:
+    """A server's ``/metrics``, read by prometheus_client's own parser: ``{(sample, sorted label pairs): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 @pytest.fixture(scope="module")
 def items(probe):
     """Real RAGTruth answers (short ones) as service items, and the bundled demo examples."""
@@ -65,11 +74,8 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path):
             t.start()
         for t in threads:
             t.join()
-    metrics = httpx.get(service.url + "/metrics").text
-    batched = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                  if line.startswith("halwatch_batch_size_bucket") and 'le="1.0"' in line)
-    assert batched < float(next(line.split()[-1] for line in metrics.splitlines()
-                                if line.startswith("halwatch_batch_size_count")))  # some batches held several
+    metrics = scrape(service.url)  # some batches held several answers
+    assert metrics["halwatch_batch_size_bucket", (("le", "1.0"),)] < metrics["halwatch_batch_size_count", ()]
     for expected, a, b in zip(command, listed, results):
         for got in (a, b):
             assert got["id"] == expected["id"] and got["hallucinated"] == expected["hallucinated"]
@@ -303,11 +309,9 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
 
         def received():
             """/v1/score requests the server holds or has answered with 200 since the big one (its own metrics)."""
-            text = httpx.get(base + "/metrics").text
-            value = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("halwatch_requests")}
-            return (value.get('halwatch_requests_in_flight{route="/v1/score"}', 0)
-                    + value.get('halwatch_requests_total{route="/v1/score",status="200"}', 0) - 1)
+            value = scrape(base)
+            return (value.get(("halwatch_requests_in_flight", (("route", "/v1/score"),)), 0)
+                    + value.get(("halwatch_requests_total", (("route", "/v1/score"), ("status", "200"))), 0) - 1)
 
         askers = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
         for t in askers:
