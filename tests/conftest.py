@@ -3,8 +3,10 @@ signal cache private to the test session."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -15,19 +17,27 @@ from halwatch.models.loader import load_model
 from halwatch.scorer import Scorer
 
 _TEST_HOME: Path | None = None
+_OWNS_HOME = False
 
 
 def pytest_configure(config):
     """Tests never write into the user's ``HALWATCH_HOME``: the session (and every process it starts) gets a
-    temporary one, in which only the pulled models and downloads are links to the real ones."""
-    global _TEST_HOME
+    temporary one, in which only the pulled models and downloads are links to the real ones. The two pytest-xdist
+    workers of `make test` share the one their controller made (its signal cache among it): an answer's forward
+    pass that one worker cached, the other reads."""
+    global _TEST_HOME, _OWNS_HOME
     from halwatch.models import registry
 
-    real = registry.home()
-    _TEST_HOME = Path(tempfile.mkdtemp(prefix="halwatch-test-home-"))
-    for name in ("models", "downloads"):
-        if (real / name).is_dir():
-            (_TEST_HOME / name).symlink_to(real / name, target_is_directory=True)
+    shared = os.environ.get("HALWATCH_TEST_HOME")
+    if shared:
+        _TEST_HOME = Path(shared)
+    else:
+        real = registry.home()
+        _TEST_HOME, _OWNS_HOME = Path(tempfile.mkdtemp(prefix="halwatch-test-home-")), True
+        for name in ("models", "downloads"):
+            if (real / name).is_dir():
+                (_TEST_HOME / name).symlink_to(real / name, target_is_directory=True)
+        os.environ["HALWATCH_TEST_HOME"] = str(_TEST_HOME)
     os.environ["HALWATCH_HOME"] = str(_TEST_HOME)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers (pytest-xdist): one core each
         import torch
@@ -36,7 +46,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if _TEST_HOME is not None:
+    if _OWNS_HOME:
         shutil.rmtree(_TEST_HOME, ignore_errors=True)
 
 
@@ -46,8 +56,9 @@ def smol():
 
 
 @pytest.fixture(scope="session")
-def signal_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("signals")
+def signal_cache():
+    """The test home's signal cache: the one `halwatch` commands run by the tests use too."""
+    return _TEST_HOME / "signals"
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +68,10 @@ def scorer(smol, signal_cache, probe):
     from halwatch.models.forward import whitebox_request
 
     scorer = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=signal_cache)
-    scorer.signals(probe, whitebox_request(smol))
+    signal_cache.mkdir(parents=True, exist_ok=True)
+    with open(signal_cache / ".probe.lock", "w") as lock:  # one worker runs the pass while the other waits for it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        scorer.signals(probe, whitebox_request(smol))
     return scorer
 
 
@@ -67,10 +81,35 @@ def ragtruth_train():
 
 
 @pytest.fixture(scope="session")
-def probe(ragtruth_train):
-    """20 hallucinated + 20 grounded llama-2-7b-chat training answers (the first of each in file order whose
-    response is under 700 characters, so that every one fits the tests' 512-token cap)."""
+def probe(ragtruth_train, smol):
+    """20 hallucinated + 20 grounded llama-2-7b-chat training answers: the first of each in file order whose response
+    is under 700 characters and whose prompt and response fit in one view of the tests' 512-token cap (one forward
+    pass each: a context cut into windows is tested where windows are, test_windows.py and the CLI and serve tests)."""
+    one_view = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=None)
     short = [s for s in ragtruth_train if len(s.response) < 700]
-    pos = [s for s in short if s.label == 1][:20]
-    neg = [s for s in short if s.label == 0][:20]
+    pos = [s for s in short if s.label == 1 and len(one_view.encode_windows(s)) == 1][:20]
+    neg = [s for s in short if s.label == 0 and len(one_view.encode_windows(s)) == 1][:20]
     return pos + neg
+
+
+@pytest.fixture
+def halwatch(capsys):
+    """Run a `halwatch` command in this process, as `halwatch.cli.main` does for the installed command: returns a
+    ``CompletedProcess`` (exit status, standard output and error as text); ``check`` asserts the status is 0.
+
+    A separate process costs 13-18 s before it does anything (importing torch and transformers, loading the model);
+    tests that need one of their own (the entry point, signals, kills, resumes) start it themselves."""
+    from halwatch.cli import main
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's refusals and --help
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        if check:
+            assert code == 0, err
+        return subprocess.CompletedProcess(["halwatch", *args], code, out, err)
+
+    return run

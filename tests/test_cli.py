@@ -11,6 +11,8 @@ from halwatch.eval.metrics import span_scores
 
 
 def run(*args, check=True):
+    """The installed entry point in a process of its own (`python -m halwatch`): the other tests run the command in
+    this process (the ``halwatch`` fixture), which skips 13-18 s of imports and model loading per command."""
     proc = subprocess.run([sys.executable, "-m", "halwatch", *args], capture_output=True, text=True)
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -32,11 +34,11 @@ def test_score_one_answer():
         assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]
 
 
-def test_score_file_fit_and_bad_input(tmp_path, probe):
+def test_score_file_fit_and_bad_input(tmp_path, probe, halwatch):
     data = tmp_path / "in.jsonl"
     write_jsonl(data, [s.to_dict() for s in probe[:4]])
     out = tmp_path / "out.jsonl"
-    loud = run("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
+    loud = halwatch("score", "--input", str(data), "--output", str(out), "--no-cache", "--max-tokens", "512")
     assert "scored 4 responses" in loud.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [s.id for s in probe[:4]]
@@ -46,8 +48,8 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     names = ["a", "b"] * 6  # a `dataset` field: each dataset's grounded answers weigh the same under mean-fpr
     write_jsonl(train, [{**s.to_dict(), "dataset": name} for s, name in zip(probe[:6] + probe[-6:], names)])
     art = tmp_path / "ppl.json"
-    fitted = run("fit", "--detector", "perplexity", "--input", str(train), "--output", str(art), "--max-tokens", "512",
-                 "--set", "decision=mean-fpr=0.2")
+    fitted = halwatch("fit", "--detector", "perplexity", "--input", train, "--output", art, "--max-tokens", "512",
+                      "--set", "decision=mean-fpr=0.2")
     fitted_on = json.loads(art.read_text())["fitted_on"]
     assert fitted_on["n"] == 12 and "span rule: gap " in fitted.stderr
     share = fitted_on["span_fit"]["grounded_with_span"]
@@ -55,7 +57,7 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     # the span F1 the fit reports (perplexity is unsupervised: its probe scores are the artifact's own) is the
     # benchmark's character F1 of the spans `score` gives on the same answers
     scored = tmp_path / "train-scored.jsonl"
-    quiet = run("-q", "score", "--input", str(train), "--output", str(scored), "--detector", str(art))
+    quiet = halwatch("-q", "score", "--input", str(train), "--output", str(scored), "--detector", str(art))
     assert quiet.stderr == ""  # -q: nothing but errors on standard error (no progress bar, no status line)
     rows = [json.loads(line) for line in scored.read_text().splitlines()]
     gold = [s.spans for s in probe[:6] + probe[-6:]]
@@ -74,12 +76,12 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(data.read_text() + '{"id": "broken", "prompt": "p"}\n')
     out3 = tmp_path / "out3.jsonl"
-    proc = run("score", "--input", str(bad), "--output", str(out3), "--no-cache", "--max-tokens", "512",
-               check=False)
+    proc = halwatch("score", "--input", str(bad), "--output", str(out3), "--no-cache", "--max-tokens", "512",
+                    check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"halwatch: error: {bad}:5 (id=broken): missing field 'response'"
     assert not out3.exists()
-    proc = run("score", "--input", str(bad), "--output", str(out3), "--max-tokens", "512", "--skip-invalid")
+    proc = halwatch("score", "--input", str(bad), "--output", str(out3), "--max-tokens", "512", "--skip-invalid")
     assert "skipped" in proc.stderr and "id=broken" in proc.stderr
     assert len(out3.read_text().splitlines()) == 4
 
@@ -95,58 +97,59 @@ def test_score_file_fit_and_bad_input(tmp_path, probe):
     (["score", "--response", "r", "--prompt", "p", "--min-span-confidence", "1.5"],
      "min_span_confidence must be in [0, 1], not 1.5"),
 ])
-def test_clear_errors(args, message):
-    proc = run(*args, check=False)
+def test_clear_errors(args, message, halwatch):
+    proc = halwatch(*args, check=False)
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("command", ["fit", "calibrate"])
-def test_unlabelled_records_are_refused_before_the_model_loads(tmp_path, command):
+def test_unlabelled_records_are_refused_before_the_model_loads(tmp_path, command, halwatch):
     data = tmp_path / "unlabelled.jsonl"
     write_jsonl(data, [{"id": "a", "context": CONTEXT, "question": "q", "response": "r", "label": 0},
                        {"id": "b", "context": CONTEXT, "question": "q", "response": "r"}])
-    proc = run(command, "--input", str(data), "--output", str(tmp_path / "out.json"), "--model", "/no/such/model",
-               *(["--detector", "perplexity"] if command == "fit" else []), check=False)
+    proc = halwatch(command, "--input", str(data), "--output", str(tmp_path / "out.json"), "--model", "/no/such/model",
+                    *(["--detector", "perplexity"] if command == "fit" else []), check=False)
     assert proc.returncode == 2 and not (tmp_path / "out.json").exists()
     assert proc.stderr.strip().splitlines()[-1].endswith("id=b: record has no label: this needs 'label' on every "
                                                          "record")
 
 
-def test_models_list_shows_the_cached_default():
-    out = run("models", "list", "--json")
+def test_models_list_shows_the_cached_default(halwatch):
+    out = halwatch("models", "list", "--json")
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["smollm2-135m"]["cached"] and rows["smollm2-135m"]["size_mb"] > 100
 
 
-def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, probe):
+def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, probe, halwatch):
     """`fit --map-from`: the shipped Lookback Lens (raw input) carried to the chat-template input by a linear map
     fitted on unlabelled answers; the new artifact scores in that mode and names where it came from."""
     data = tmp_path / "unlabelled.jsonl"
     write_jsonl(data, [{k: v for k, v in s.to_dict().items() if k not in ("label", "spans")}
                        for s in probe[:5] + probe[-5:]])
     art = tmp_path / "mapped.json"
-    run("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
-        "--max-tokens", "512", "--input", str(data), "--output", str(art))
+    halwatch("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
+             "--max-tokens", "512", "--input", str(data), "--output", str(art))
     saved = json.loads(art.read_text())
     assert saved["input_mode"] == "chat" and saved["fitted_on"]["mapped_from"] == "smollm2-135m"
     assert len(saved["state"]["feature_map"]["coef"]) == 270 and saved["fitted_on"]["map_samples"] == 10
-    out = run("score", "--detector", str(art), "--context", CONTEXT, "--question", "Which cells produce insulin?",
-              "--response", "Beta cells produce it.")
+    out = halwatch("score", "--detector", str(art), "--context", CONTEXT, "--question", "Which cells produce insulin?",
+                   "--response", "Beta cells produce it.")
     assert json.loads(out.stdout)["input_mode"] == "chat"
-    bad = run("fit", "--detector", "toha", "--map-from", "lookback-lens", "--input", str(data), "--output",
-              str(tmp_path / "x.json"), check=False)
+    bad = halwatch("fit", "--detector", "toha", "--map-from", "lookback-lens", "--input", str(data), "--output",
+                   str(tmp_path / "x.json"), check=False)
     assert bad.returncode == 2 and "--map-from needs a lookback-lens artifact" in bad.stderr
 
 
-def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_path, probe, monkeypatch):
+def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_path, ragtruth_train, monkeypatch):
     """`score --input` holds the signals of `CHUNK` views at a time, so that memory stays flat on a long file: the
     verdicts are those of the whole file in one batch, in input order, and the windows of a long context (a 256-token
     cap cuts these contexts into several) stay together in one chunk even where they outnumber it."""
     from halwatch import cli
 
-    short = [s for s in probe if len(s.response) < 400]  # responses that leave room for context under the cap
-    chosen = short[:3] + short[-2:]
+    short = [s for s in ragtruth_train if len(s.response) < 400]  # responses that leave room for context under the cap
+    longest = max(short[:50], key=lambda s: len(s.prompt))
+    chosen = [s for s in short if s.label][:2] + [longest] + [s for s in short if not s.label][:2]
     data = tmp_path / "in.jsonl"
     write_jsonl(data, [s.to_dict() for s in chosen])
     outputs = []
@@ -176,7 +179,7 @@ def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path):
     assert [position[i] for i in ids[12]] == sorted(position[i] for i in ids[12])  # file order kept
 
 
-def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path):
+def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch):
     """`halwatch calibrate --target-fpr`: scored with the written artifact, the calibration answers' grounded ones
     above the threshold number exactly what split-conformal allows (n0 - ceil((n0 + 1)(1 - a))), and the command
     prints the guarantee with its caveat."""
@@ -191,36 +194,36 @@ def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path):
     data = tmp_path / "mine.jsonl"
     write_jsonl(data, [s.to_dict() for s in grounded + made_up])
     art = tmp_path / "mine.json"
-    out = run("calibrate", "--input", str(data), "--target-fpr", "0.2", "--output", str(art))
+    out = halwatch("calibrate", "--input", str(data), "--target-fpr", "0.2", "--output", str(art))
     assert "split-conformal" in out.stderr and "exchangeable" in out.stderr
     recal = json.loads(art.read_text())
     qa = recal["parts"]["qa"]  # the default is routed: the QA answers recalibrate its qa part alone
     assert qa["decision"] == "conformal fpr=0.2" and qa["fitted_on"]["recalibrated"]["n"] == 54
     assert recal["fitted_on"]["recalibrated"] == ["qa"]
     scored = tmp_path / "scored.jsonl"
-    run("score", "--input", str(data), "--output", str(scored), "--detector", str(art))
+    halwatch("score", "--input", str(data), "--output", str(scored), "--detector", str(art))
     rows = [json.loads(line) for line in scored.read_text().splitlines()]
     flagged_grounded = sum(r["hallucinated"] for r in rows[:39])
     assert flagged_grounded == 39 - math.ceil(40 * 0.8)
     assert all(r["threshold"] == pytest.approx(recal["thresholds"]["qa"], abs=1e-4) for r in rows)
 
 
-def test_score_a_summary_without_a_question(tmp_path):
+def test_score_a_summary_without_a_question(tmp_path, halwatch):
     """A record with a context and no question is scored with the summary template (or the --task given)."""
     article = ("The city council of Springfield voted on Tuesday to build a new public library on Main Street. "
                "The library will cost 12 million dollars and open in 2027.")
     from halwatch.sample import SUMMARY_TEMPLATE
 
     summary = "Springfield will build a new library on Main Street that opens in 2027."
-    out = json.loads(run("score", "--no-cache", "--context", article, "--response", summary).stdout)
-    same = json.loads(run("score", "--no-cache", "--prompt", SUMMARY_TEMPLATE.format(context=article),
-                          "--task", "summary", "--response", summary).stdout)  # a prompt as it is: qa unless told
+    out = json.loads(halwatch("score", "--no-cache", "--context", article, "--response", summary).stdout)
+    same = json.loads(halwatch("score", "--no-cache", "--prompt", SUMMARY_TEMPLATE.format(context=article),
+                               "--task", "summary", "--response", summary).stdout)  # a prompt as it is: qa unless told
     assert out["score"] == same["score"] and out["spans"] == same["spans"]
     assert out["task"] == same["task"] == "summary"
-    dialogue = json.loads(run("score", "--no-cache", "--context", article, "--question", "Is the library big?",
-                              "--task", "dialogue", "--response", summary).stdout)
+    dialogue = json.loads(halwatch("score", "--no-cache", "--context", article, "--question", "Is the library big?",
+                                   "--task", "dialogue", "--response", summary).stdout)
     assert dialogue["score"] != out["score"]
-    bad = run("score", "--no-cache", "--context", article, "--task", "qa", "--response", "x", check=False)
+    bad = halwatch("score", "--no-cache", "--context", article, "--task", "qa", "--response", "x", check=False)
     assert bad.returncode == 2 and "task 'qa' needs a question" in bad.stderr
 
 

@@ -1,8 +1,6 @@
 """Guided decoding (Lookback Lens section 3) and the prompt-cache forward it scores candidates with."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -113,10 +111,9 @@ def test_a_guide_that_reads_every_token_decodes(smol, probe):
     assert 1 <= len(found.chunk_scores) <= 3 and np.isfinite(found.chunk_scores).all()
 
 
-def test_generate_command_single_and_file(tmp_path, question):
-    out = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "lookback", "--context",
-                          question.context, "--question", question.question, "--max-new-tokens", "16"],
-                         capture_output=True, text=True, check=True)
+def test_generate_command_single_and_file(tmp_path, question, halwatch):
+    out = halwatch("generate", "--guide", "lookback", "--context", question.context, "--question", question.question,
+                   "--max-new-tokens", "16")
     found = json.loads(out.stdout)
     assert found["guide"] == "lookback-lens" and found["response"] and found["n_tokens"] <= 16
     records = tmp_path / "in.jsonl"
@@ -124,20 +121,17 @@ def test_generate_command_single_and_file(tmp_path, question):
                                            "meta": {"answers": q.answers, "is_impossible": q.is_impossible}}) + "\n"
                                for q in read_squad()[:2]))
     target = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "halwatch", "-q", "generate", "--input", str(records), "--output", str(target),
-           "--max-new-tokens", "24"]
-    subprocess.run(cmd, check=True, capture_output=True)
+    cmd = ["-q", "generate", "--input", records, "--output", target, "--max-new-tokens", "24"]
+    halwatch(*cmd)
     first = target.read_text()
-    subprocess.run(cmd, check=True, capture_output=True)  # resumed: nothing is answered twice
+    halwatch(*cmd)  # resumed: nothing is answered twice
     assert target.read_text() == first
     rows = [json.loads(x) for x in first.splitlines()]
     assert [r["id"] for r in rows] == [q.id for q in read_squad()[:2]]
     assert all(r["meta"]["guide"] == "greedy" and "label" in r and r["response"] for r in rows)
-    bad = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "nope", "--prompt", "hi"],
-                         capture_output=True, text=True)
+    bad = halwatch("generate", "--guide", "nope", "--prompt", "hi", check=False)
     assert bad.returncode == 2 and "no artifact file 'nope'" in bad.stderr
-    both = subprocess.run([sys.executable, "-m", "halwatch", "generate", "--guide", "toha", "--sample", "--prompt",
-                           "hi"], capture_output=True, text=True)
+    both = halwatch("generate", "--guide", "toha", "--sample", "--prompt", "hi", check=False)
     assert both.returncode == 2 and "not both" in both.stderr
 
 

@@ -53,14 +53,13 @@ def service(smol):
     running.stop()
 
 
-def test_single_and_batched_scores_equal_the_command(service, items, tmp_path):
+def test_single_and_batched_scores_equal_the_command(service, items, tmp_path, halwatch):
     """A list scored in one request, the same answers one request each, sent together (the batcher puts them in
     shared forward passes), and `halwatch score` on the same file agree to 1e-4."""
     path = tmp_path / "in.jsonl"
     write_jsonl(path, items)
     out = tmp_path / "out.jsonl"
-    subprocess.run([sys.executable, "-m", "halwatch", "score", "--input", str(path), "--output", str(out),
-                    "--no-cache"], check=True, capture_output=True)
+    halwatch("score", "--input", path, "--output", out, "--no-cache")
     command = [json.loads(line) for line in out.read_text().splitlines()]
     with Client(service.url) as client:
         listed = client.score(items)

@@ -899,7 +899,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_bench_default_kind(list(sys.argv[1:] if argv is None else argv)))
-    logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s")
+    # force: each call configures its own run (the tests call main() in one process, each with its own stderr)
+    logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s",
+                        force=True)
     set_quiet(args.quiet)
     try:
         return args.func(args)
