@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.halwatch-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install model browser polygraph ray clean
+.PHONY: demo test test-models test-extras install model browser polygraph ray clean
 
 install: $(STAMP)
 
@@ -49,10 +49,19 @@ ray: install
 	$(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(m.version('ray') != '2.60.0')" \
 		2>/dev/null || $(PIP) install "$(RAY)"
 
-test: model browser polygraph ray
-	$(BIN)/halwatch models pull gemma3-270m
+# Two lanes: the models convert (CPU) while the extras install (network and disk), one after another in each lane.
+test: install
+	$(MAKE) -j2 test-models test-extras
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
+
+test-models: model
+	$(BIN)/halwatch models pull gemma3-270m
+
+test-extras: install  # one at a time: two pip installs must not write into the same .venv at once
+	$(MAKE) browser
+	$(MAKE) polygraph
+	$(MAKE) ray
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
