@@ -141,36 +141,32 @@ def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, p
     assert bad.returncode == 2 and "--map-from needs a lookback-lens artifact" in bad.stderr
 
 
-def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_path, ragtruth_train, monkeypatch):
+def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_path, probe, monkeypatch, halwatch):
     """`score --input` holds the signals of `CHUNK` views at a time, so that memory stays flat on a long file: the
     verdicts are those of the whole file in one batch, in input order, and the windows of a long context (a 256-token
     cap cuts these contexts into several) stay together in one chunk even where they outnumber it."""
     from halwatch import cli
 
-    short = [s for s in ragtruth_train if len(s.response) < 400]  # responses that leave room for context under the cap
-    longest = max(short[:50], key=lambda s: len(s.prompt))
-    chosen = [s for s in short if s.label][:2] + [longest] + [s for s in short if not s.label][:2]
+    short = [s for s in probe if len(s.response) < 400]  # responses that leave room for context under the cap
+    chosen = short[:3] + short[-2:]
     data = tmp_path / "in.jsonl"
     write_jsonl(data, [s.to_dict() for s in chosen])
     outputs = []
     for chunk in (10_000, 3):
         monkeypatch.setattr(cli, "CHUNK", chunk)
         out = tmp_path / f"out-{chunk}.jsonl"
-        assert cli.main(["-q", "score", "--input", str(data), "--output", str(out), "--max-tokens", "256"]) == 0
+        halwatch("-q", "score", "--input", data, "--output", out, "--max-tokens", "256")
         outputs.append([json.loads(line) for line in out.read_text().splitlines()])
     assert outputs[1] == outputs[0]
     assert [r["id"] for r in outputs[1]] == [s.id for s in chosen]
     assert max(r["windows"] for r in outputs[1]) > 3  # one answer's windows are more than a chunk
 
 
-def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path):
-    from halwatch.cli import main
-
+def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path, halwatch):
     ids = {}
     for n in (5, 12):
         out = tmp_path / f"rt-{n}.jsonl"
-        assert main(["data", "ragtruth", "--generator", "llama-2-7b-chat", "--split", "test", "--limit", str(n),
-                     "--output", str(out)]) == 0
+        halwatch("data", "ragtruth", "--generator", "llama-2-7b-chat", "--split", "test", "--limit", n, "--output", out)
         ids[n] = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert len(ids[5]) == 5 and len(ids[12]) == 12 and set(ids[5]) < set(ids[12])
     from halwatch.data.ragtruth import read_ragtruth
