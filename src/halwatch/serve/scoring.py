@@ -372,10 +372,10 @@ class ScoringService:
         gathered = asyncio.gather(*(j.future for j in jobs))
         gathered.add_done_callback(lambda f: f.cancelled() or f.exception())  # a cancelled request's: retrieved
         try:
-            return await asyncio.wait_for(gathered, self.limits.timeout)
+            return await asyncio.wait_for(gathered, self.worker.deadline)
         except asyncio.TimeoutError:
             give_up()
-            raise ApiError(504, f"not scored within {self.limits.timeout:g} s", "timeout") from None
+            raise ApiError(504, f"not scored within {self.worker.deadline:g} s", "timeout") from None
         except ApiError:  # one answer refused (shed): its request's other answers are not scored either
             give_up()
             raise
@@ -439,7 +439,7 @@ class ScoringService:
         late = self.worker.overdue([(j.cost, j.queued_at) for j in pending], now)
         for i, answered in late.items():
             err = ApiError(429, f"the server is busy: admitted, this request would now be answered in about "
-                                f"{answered:.1f} s, past the {self.limits.timeout:g} s limit (the model runs slower "
+                                f"{answered:.1f} s, past the {self.worker.deadline:g} s limit (the model runs slower "
                                 f"than estimated): retry later", "queue_full",
                            headers=self.worker.retry_after(self.worker.wait()))
             pending[i].future.set_exception(err)
