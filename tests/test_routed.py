@@ -129,7 +129,7 @@ def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, 
     path = tmp_path / "routed.json"
     routed.save(path)
     short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:2]  # each fits the cap: no windows
-    items = [{"id": s.id, "prompt": s.prompt, "response": s.response} for s in short]
+    items = [sample_record(s) for s in short]  # the record the command reads: the context's place in the prompt too
     items += [{"id": s.id, "context": s.context, "response": s.response, "task": "summary"} for s in summaries[:2]]
     running = Running(build_app([str(path)], models={"smollm2-135m": smol}))
     try:
