@@ -4,7 +4,6 @@ signal cache private to the test session."""
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import shutil
 import subprocess
@@ -103,14 +102,10 @@ def halwatch(capsys):
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         capsys.readouterr()
-        root = logging.getLogger()
-        handlers, level = root.handlers[:], root.level  # main() sets its own (writing to this test's stderr)
         try:
             code = main([str(a) for a in args])
         except SystemExit as exc:  # argparse's refusals and --help
             code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            root.handlers[:], root.level = handlers, level
         out, err = capsys.readouterr()
         if check:
             assert code == 0, err

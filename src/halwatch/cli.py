@@ -11,7 +11,7 @@ from pathlib import Path
 
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.loader import add_device_options
-from halwatch.progress import note, set_quiet
+from halwatch.progress import configure_logging, note, set_quiet
 
 log = logging.getLogger("halwatch")
 
@@ -899,9 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_bench_default_kind(list(sys.argv[1:] if argv is None else argv)))
-    # force: each call configures its own run (the tests call main() in one process, each with its own stderr)
-    logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING, format="halwatch: %(message)s",
-                        force=True)
+    configure_logging(args.quiet)
     set_quiet(args.quiet)
     try:
         return args.func(args)
