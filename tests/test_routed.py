@@ -129,7 +129,8 @@ def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, 
     path = tmp_path / "routed.json"
     routed.save(path)
     short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:2]  # each fits the cap: no windows
-    items = [sample_record(s) for s in short]  # the record the command reads: the context's place in the prompt too
+    # the prompt as it is, and the part of it that is the context (where the command's features read it too)
+    items = [{"id": s.id, "prompt": s.prompt, "context": s.context_text, "response": s.response} for s in short]
     items += [{"id": s.id, "context": s.context, "response": s.response, "task": "summary"} for s in summaries[:2]]
     running = Running(build_app([str(path)], models={"smollm2-135m": smol}))
     try:

@@ -76,16 +76,13 @@ class ScoreItem(BaseModel):
         "anyOf": [_given("prompt"), _given("context"), _given("contexts")],
         "not": _given("context", "contexts"), "allOf": _TASK_RULES})
     id: str | int | None = Field(None, description="returned with the result (default: the item's index)")
-    context: Text | None = Field(None, description="the retrieved context the answer should rest on")
+    context: Text | None = Field(None, description="the retrieved context the answer should rest on (beside a "
+                                                   "prompt: the part of it that is the context)")
     contexts: list[Text] | None = Field(None, min_length=1, description="several passages, joined by blank lines")
     question: str | None = Field(None, description="the question (task qa; optional for summary and dialogue)")
     task: Literal["qa", "summary", "dialogue", "data2text"] | None = Field(
         None, description="the template the context is rendered with (default: qa with a question, else summary)")
     prompt: Text | None = Field(None, description="the whole prompt, instead of context and question")
-    context_span: tuple[int, int] | None = Field(
-        None, description="with prompt: [start, end), the character range of the retrieved context inside it, as in "
-                          "a JSONL record (the features that compare the answer with its context read that range; "
-                          "default: where context is also given, its place in the prompt, else the whole prompt)")
     response: Text = Field(description="the answer to score")
     detector: str | None = Field(None, description="a loaded detector (GET /v1/detectors; default: the server's "
                                                    "default)")
@@ -101,11 +98,8 @@ class ScoreItem(BaseModel):
         context = "\n\n".join(self.contexts) if self.contexts is not None else self.context
         if not self.prompt and context is None:
             raise InputError("give prompt, or context (or contexts) with question where the task has one")
-        if self.context_span is not None and not self.prompt:
-            raise InputError("context_span needs prompt (it marks the context inside it)")
         return Sample(response=self.response, prompt=self.prompt or "", context=context, question=self.question,
-                      task=self.task, context_span=self.context_span,
-                      id=str(self.id) if self.id is not None else str(index))
+                      task=self.task, id=str(self.id) if self.id is not None else str(index))
 
 
 EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
