@@ -85,13 +85,17 @@ def build(model_type: str, tokenizer):
 
 def outcome(model, train, held_out) -> tuple[str, str]:
     """``("works", "")`` when the capture passes its check and Lookback Lens fits on ``train`` and scores
-    ``held_out``; ``("refused", the one-line refusal)`` otherwise. Any other exception propagates: it is a bug."""
+    ``held_out``; ``("refused", the one-line refusal)`` otherwise. Any other exception propagates: it is a bug.
+
+    Lookback Lens is fitted with ``C = 1`` (no cross-validated choice): the sweep asks whether an architecture's
+    signals fit and score, not which regularisation a handful of answers prefers; the grid search was a third of the
+    sweep's time."""
     from halwatch.detectors import create_detector
     from halwatch.scorer import Scorer
 
     scorer = Scorer(model=model, max_tokens=300, cache=None, batch_size=None, windows=1)
     try:
-        detector = create_detector("lookback-lens", scorer=scorer)
+        detector = create_detector("lookback-lens", scorer=scorer, C=1.0)
         detector.fit(train)
         probs = detector.score(held_out)
     except ModelError as exc:
