@@ -14,9 +14,6 @@ class _CurrentStderr(logging.StreamHandler):
     that a command run in a process whose stderr is replaced later (a test capturing it, ``main()`` called twice)
     writes where that call's output goes, with no handler to swap."""
 
-    def __init__(self):
-        logging.Handler.__init__(self)
-
     @property
     def stream(self):
         return sys.stderr

@@ -115,8 +115,7 @@ class ChatServer:
         self.quirks = frozenset(quirks)
         self.model_spec, self.scoring_model = model, None if isinstance(model, str) else model
         self.device, self.dtype = device, dtype
-        self.worker = Worker(queue_tokens, timeout)
-        self.timeout = timeout
+        self.worker = Worker(queue_tokens, timeout)  # its deadline is the time limit of a request
 
     @property
     def name(self) -> str:
@@ -186,10 +185,10 @@ class ChatServer:
         job.add_done_callback(lambda _: self.worker.release(cost))
         watch = asyncio.ensure_future(watch_disconnect(http_request, cancel.set))
         try:
-            result = await asyncio.wait_for(asyncio.shield(job), self.timeout)
+            result = await asyncio.wait_for(asyncio.shield(job), self.worker.deadline)
         except asyncio.TimeoutError:
             cancel.set()
-            raise ApiError(504, f"no answer within {self.timeout:g} s", "timeout") from None
+            raise ApiError(504, f"no answer within {self.worker.deadline:g} s", "timeout") from None
         except HalwatchError as exc:
             raise ApiError(400, str(exc), "invalid_request") from None
         finally:
