@@ -28,7 +28,7 @@ def datasets(tmp_path_factory, ragtruth_train):
     for gen in ("llama-2-7b-chat", "mistral-7B-instruct"):
         short = [s for s in read_ragtruth(generator=gen) if len(s.response) < 500 and len(s.prompt) < 1500]
         pick = []
-        for split, n in (("train", 10), ("test", 6)):
+        for split, n in (("train", 8), ("test", 4)):
             for label in (0, 1):
                 pick += [s for s in short if s.meta["split"] == split and s.label == label][:n]
         path = folder / f"{gen}.jsonl"

@@ -54,7 +54,7 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
         from halwatch.scorer import Scorer
         samples = [s for s in read_ragtruth(split="train", generator="llama-2-7b-chat") if len(s.response) < 600][:12]
         req = SignalRequest(token_stats=True, heads=((21, 6),), reducers=("mtopdiv",))
-        Scorer(max_tokens=512, cache={str(cache)!r}).signals(samples, req)
+        Scorer(max_tokens=256, cache={str(cache)!r}).signals(samples, req)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ})
     deadline = time.time() + 120
@@ -71,7 +71,7 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
     from halwatch.data.ragtruth import read_ragtruth
 
     samples = [s for s in read_ragtruth(split="train", generator="llama-2-7b-chat") if len(s.response) < 600][:12]
-    scorer = Scorer(model=smol, max_tokens=512, cache=cache)
+    scorer = Scorer(model=smol, max_tokens=256, cache=cache)  # the process's cap: the same views, the same keys
     computed = []
     real_run = forward.run
 
@@ -85,7 +85,7 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
     finally:
         forward.run = real_run
     assert len(computed) == 12 - len(done)
-    fresh = Scorer(model=smol, max_tokens=512, cache=None).signals(samples, REQ)
+    fresh = Scorer(model=smol, max_tokens=256, cache=None).signals(samples, REQ)
     for a, b in zip(resumed, fresh):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-6)
