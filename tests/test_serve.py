@@ -41,7 +41,7 @@ def items(probe):
     """Real RAGTruth answers (short ones) as service items, and the bundled demo examples."""
     demo = [json.loads(line) for line in open("src/halwatch/examples/demo.jsonl", encoding="utf-8")]
     real = [{"id": s.id, "prompt": s.prompt, "response": s.response}
-            for s in sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:6]]
+            for s in sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:4]]
     return real + [{k: d[k] for k in ("id", "context", "question", "response") if k in d} for d in demo]
 
 
