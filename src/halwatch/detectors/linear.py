@@ -93,7 +93,7 @@ def fit(x, labels, C: float | str = "cv", grid=C_GRID, groups=None, folds: int =
                 found = _train(z[train], y[train], weight[train], 1.0 / value, iterations, found)
                 w, b = found
                 losses[value] = losses.get(value, 0.0) + float(_log_loss(z[held] @ w + b, y[held], weight[held]))
-        chosen = min(grid, key=lambda value: (losses[value], list(grid).index(value)))
+        chosen = min(grid, key=losses.get)  # the first of tied values in the grid's order, as before
     w, b = _train(z, y, weight, 1.0 / float(chosen), iterations)
     return {"mean": pack(mean.numpy()), "std": pack(std.numpy()), "coef": pack(w.numpy()),
             "intercept": float(b), "C": float(chosen)}
