@@ -1,12 +1,12 @@
 """halwatch's one logistic regression: every linear model of every detector (family models, stackers, token and
 window classifiers, probes) and Platt's calibration are fitted here.
 
-Full-batch L-BFGS in torch on standardised features, float64 for small problems and float32 for large ones such as
-hundreds of thousands of tokens x a thousand features, where scikit-learn's solvers would copy the matrix to
-float64 (gigabytes). The objective is scikit-learn's: ``sum_i w_i * logloss_i + ||coef||^2 / (2 C)`` (the
-intercept is not penalised), so ``C`` means what it means there. ``C="cv"`` chooses it from a grid by held-out
-log-loss over folds that never part a group (a source document, an answer). Models are JSON-ready dicts, scored by
-:func:`logodds` with NumPy alone.
+Full-batch L-BFGS (SciPy's, on products computed in torch) on standardised features, float64 for small problems
+and float32 for large ones such as hundreds of thousands of tokens x a thousand features, where scikit-learn's
+solvers would copy the matrix to float64 (gigabytes). The objective is scikit-learn's:
+``sum_i w_i * logloss_i + ||coef||^2 / (2 C)`` (the intercept is not penalised), so ``C`` means what it means there.
+``C="cv"`` chooses it from a grid by held-out log-loss over folds that never part a group (a source document, an
+answer). Models are JSON-ready dicts, scored by :func:`logodds` with NumPy alone.
 """
 
 from __future__ import annotations
@@ -43,25 +43,35 @@ def _log_loss(logits, y, weight):
     return (weight * (torch.nn.functional.softplus(logits) - y * logits)).sum()
 
 
-def _train(z, y, weight, penalty: float, iterations: int, start=None):
-    """``(coef, intercept)`` minimising the objective; ``start``: a previous solution to begin from (the next
-    weaker penalty of a grid starts at the stronger one's optimum: the same minimum, fewer steps)."""
-    import torch
+def _train(z, y, weight, penalty: float, iterations: int, start=None) -> np.ndarray:
+    """``[coef..., intercept]`` (float64) minimising the objective; ``start``: a previous solution to begin from
+    (the next weaker penalty of a grid starts at the stronger one's optimum: the same minimum, fewer steps).
 
-    w = (torch.zeros(z.shape[1], dtype=z.dtype) if start is None else start[0].clone()).requires_grad_()
-    b = (torch.zeros(1, dtype=z.dtype) if start is None else start[1].clone()).requires_grad_()
-    opt = torch.optim.LBFGS([w, b], max_iter=iterations, history_size=20, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-7, tolerance_change=1e-10)
+    SciPy's L-BFGS-B on the gradient written out, ``z^T (w * (sigmoid(z coef + b) - y)) + penalty * coef``: a step
+    costs its two matrix-vector products and little else, where torch's L-BFGS with autograd cost several times the
+    arithmetic on the small problems most fits are (a 400 x 270 fit with ``C="cv"``: 1.38 s before, 0.38 s now, one
+    core). The products run in ``z``'s precision; only the parameter vector is float64."""
+    import torch
+    from scipy.optimize import minimize
+
+    d = z.shape[1]
     total = float(weight.sum())
 
-    def closure():
-        opt.zero_grad()
-        loss = (_log_loss(z @ w + b, y, weight) + 0.5 * penalty * (w * w).sum()) / total
-        loss.backward()
-        return loss
+    def objective(theta):
+        w = torch.from_numpy(theta[:d]).to(z.dtype)
+        b = float(theta[d])
+        logits = z @ w + b
+        loss = float(_log_loss(logits, y, weight)) + 0.5 * penalty * float(w @ w)
+        residual = weight * (torch.sigmoid(logits) - y)
+        grad = np.empty(d + 1)
+        grad[:d] = ((residual @ z).double() + penalty * torch.from_numpy(theta[:d])).numpy()
+        grad[d] = float(residual.sum())
+        return loss / total, grad / total
 
-    opt.step(closure)
-    return w.detach(), b.detach()
+    theta = np.zeros(d + 1) if start is None else start
+    found = minimize(objective, theta, jac=True, method="L-BFGS-B",
+                     options={"maxiter": iterations, "maxcor": 20, "gtol": 1e-7, "ftol": 1e-12})
+    return found.x
 
 
 def fit(x, labels, C: float | str = "cv", grid=C_GRID, groups=None, folds: int = 5, weights=None, seed: int = 0,
@@ -91,12 +101,13 @@ def fit(x, labels, C: float | str = "cv", grid=C_GRID, groups=None, folds: int =
             found = None
             for value in sorted(grid):
                 found = _train(z[train], y[train], weight[train], 1.0 / value, iterations, found)
-                w, b = found
+                w, b = torch.from_numpy(found[:-1]).to(dtype), float(found[-1])
                 losses[value] = losses.get(value, 0.0) + float(_log_loss(z[held] @ w + b, y[held], weight[held]))
         chosen = min(grid, key=losses.get)  # the first of tied values in the grid's order, as before
-    w, b = _train(z, y, weight, 1.0 / float(chosen), iterations)
-    return {"mean": pack(mean.numpy()), "std": pack(std.numpy()), "coef": pack(w.numpy()),
-            "intercept": float(b), "C": float(chosen)}
+    theta = _train(z, y, weight, 1.0 / float(chosen), iterations)
+    return {"mean": pack(mean.numpy()), "std": pack(std.numpy()),
+            "coef": pack(theta[:-1].astype(np.float32 if big else np.float64)), "intercept": float(theta[-1]),
+            "C": float(chosen)}
 
 
 def _array(value) -> np.ndarray:
