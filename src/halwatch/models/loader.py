@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -133,7 +135,25 @@ def _folder_hash(folder: Path) -> str:
     return value
 
 
+#: The models this process has loaded, while something still holds them: loading the same weights again onto the
+#: same device in the same precision (a command run inside a process that already scores with the model, a
+#: watchdog's LLM client beside its scorer) shares the loaded one instead of reading the weights again (about 3 s
+#: for SmolLM2 on a CPU). Sharing is safe: passes never change the weights, and what one pass captures is held in a
+#: context variable of its own thread (:mod:`halwatch.models.forward`).
+_LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_LOADING = threading.Lock()
+
+
 def _from_folder(folder: Path, name: str, weights_hash: str, device: str, dtype: str) -> ScoringModel:
+    key = (str(folder.resolve()), name, weights_hash, device, dtype)
+    with _LOADING:
+        held = _LOADED.get(key)
+        if held is None or held.dtype != dtype:
+            held = _LOADED[key] = _read_folder(folder, name, weights_hash, device, dtype)
+    return held
+
+
+def _read_folder(folder: Path, name: str, weights_hash: str, device: str, dtype: str) -> ScoringModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

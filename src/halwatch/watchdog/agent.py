@@ -23,9 +23,11 @@ so the evaluation agent judges its answers against the domain's passages.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -92,7 +94,7 @@ class Domain:
     @property
     def vectors(self) -> np.ndarray:
         if self._vectors is None:
-            self._vectors = embed(self.documents)
+            self._vectors = _passage_vectors(tuple(self.documents))
         return self._vectors
 
     def retrieve(self, query: str, k: int = 2) -> list[str]:
@@ -103,6 +105,23 @@ class Domain:
     def passage(self, rng: random.Random) -> str:
         """A passage drawn at random (new queries are generated from it)."""
         return self.documents[rng.randrange(len(self.documents))]
+
+
+_EMBEDDING = threading.Lock()
+
+
+def _passage_vectors(documents: tuple[str, ...]) -> np.ndarray:
+    """The embeddings of a domain's passages, computed once per process (a few seconds for a SQuAD article on a
+    CPU): every command over the same passages in one process, and every thread of an exploration, reads them."""
+    with _EMBEDDING:
+        return _embedded(documents)
+
+
+@functools.lru_cache(maxsize=8)
+def _embedded(documents: tuple[str, ...]) -> np.ndarray:
+    vectors = embed(list(documents))
+    vectors.setflags(write=False)
+    return vectors
 
 
 def _documents(file: Path):
