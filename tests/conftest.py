@@ -91,6 +91,30 @@ def probe(ragtruth_train):
     return pos + neg
 
 
+@pytest.fixture(scope="session")
+def short_answers():
+    """``(fit, held_out)``: SQuAD-built answers for the detectors whose own pass costs several forward passes per
+    answer (relevance, every token's attention rows, sampling). Each is a passage's sentence holding a SQuAD answer
+    (grounded) or the same sentence with that answer swapped for another of its type (hallucinated; the swapped
+    words are its span), rendered as a question over the passage. ``fit``: both answers of the 4 questions with the
+    shortest passages, one question per article (so that folds by source have 4 sources); ``held_out``: the grounded
+    answer of the 5th and the swapped one of the 6th. 110-180 tokens each, a third of the probe's answers."""
+    from halwatch.data.shapes import build_squad_shapes
+
+    pairs: dict[str, dict] = {}
+    for s in build_squad_shapes(n_questions=400, n_unanswerable=0, seed=0):
+        if s.meta["shape"] in ("sentence", "sentence-swap"):
+            pairs.setdefault(s.meta["question_id"], {})[s.label] = s
+    size = lambda pair: len(pair[0].context) + len(pair[0].question) + len(pair[0].response)  # noqa: E731
+    chosen, titles = [], set()
+    for pair in sorted((p for p in pairs.values() if len(p) == 2), key=size):
+        if pair[0].meta["title"] not in titles:
+            chosen.append(pair)
+            titles.add(pair[0].meta["title"])
+    fit = [p[1] for p in chosen[:4]] + [p[0] for p in chosen[:4]]
+    return fit, [chosen[4][0], chosen[5][1]]
+
+
 @pytest.fixture
 def halwatch(capsys):
     """Run a `halwatch` command in this process, as `halwatch.cli.main` does for the installed command: returns a

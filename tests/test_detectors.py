@@ -40,15 +40,15 @@ EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "se
 
 
 # LRP4RAG's contract (fit, score, the threshold at its classifier's own boundary, spans, reload) is tested with each of
-# its classifiers on the probe's shortest answers in test_lrp4rag.py: its relevance pass is the dearest of all. The
+# its classifiers on SQuAD-built answers of short passages in test_lrp4rag.py: its relevance pass is the dearest. The
 # routed detector is fused parts, one per task, each with its own calibration: test_routed.py
 @pytest.mark.parametrize("name", sorted(set(DETECTORS) - {"lrp4rag", "routed"}))
-def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, tmp_path):
+def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, short_answers, tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
-    if name in EXPENSIVE:  # a pass of their own (relevance, every token's rows, sampling): the 4 + 4 shortest answers
-        # (test_lrp4rag.py's lrp_probe)
-        by_length = sorted(probe, key=lambda s: len(s.prompt or "") + len(s.context or "") + len(s.response))
-        probe = [s for s in by_length if s.label][:4] + [s for s in by_length if not s.label][:4]
+    # answers whose context fits the 512-token cap: one view each (a longer one is scored in windows, test_windows.py)
+    held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800 and not scorer.encode(s).cut_chars][:6]
+    if name in EXPENSIVE:  # a pass of their own (relevance, every token's rows, sampling): 4 + 4 SQuAD-built
+        probe, held_out = short_answers  # answers of short passages, and 2 held out (test_lrp4rag.py's lrp_probe)
     det = create_detector(name, scorer=scorer, **{k: v for k, v in small.items()
                                                   if k in DETECTORS[name].setting_names()})
     with pytest.raises(HalwatchError, match="not fitted"):
@@ -56,9 +56,6 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
     det.fit(probe)
     assert det.identity["scoring_model"] == "smollm2-135m" and det.identity["input_mode"] == "raw"
     assert det.identity["dtype"] == "float32"  # the artifact records the precision it was fitted in
-    # answers whose context fits the 512-token cap: one view each (a longer one is scored in windows, test_windows.py)
-    held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800 and not scorer.encode(s).cut_chars]
-    held_out = held_out[: 2 if name in EXPENSIVE else 6]
     probs = det.score(held_out)
     assert probs.shape == (len(held_out),) and np.all((probs >= 0) & (probs <= 1))
     # the raw score is what the paper defines, and the calibration is monotone in it
