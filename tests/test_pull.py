@@ -106,3 +106,7 @@ def test_local_folder_model_is_accepted(smol, tmp_path):
     assert local.name == str(folder.resolve()) and len(local.weights_hash) == 64
     assert local.weights_hash != smol.weights_hash  # identity of a folder is the hash of its files
     assert load_model(str(folder)).weights_hash == local.weights_hash  # memoised, stable
+    # a model this process holds is shared, not read again; another precision is a model of its own
+    assert load_model(str(folder)) is local and load_model("smollm2-135m") is smol
+    half = load_model(str(folder), dtype="bfloat16")
+    assert half is not local and half.dtype == "bfloat16" and local.dtype == "float32"

@@ -148,7 +148,7 @@ def _from_folder(folder: Path, name: str, weights_hash: str, device: str, dtype:
     key = (str(folder.resolve()), name, weights_hash, device, dtype)
     with _LOADING:
         held = _LOADED.get(key)
-        if held is None or held.dtype != dtype:
+        if held is None or held.dtype != dtype or held.device.type != device.partition(":")[0]:  # moved since
             held = _LOADED[key] = _read_folder(folder, name, weights_hash, device, dtype)
     return held
 
