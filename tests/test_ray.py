@@ -41,10 +41,9 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def records(probe):
-    """Eight real RAGTruth answers (the shortest of the probe), as JSONL records."""
-    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:8]
-    return [sample_record(s) for s in short]
+def records(short_answers):
+    """Eight real answers (conftest's SQuAD-built answers of short passages), as JSONL records."""
+    return [sample_record(s) for s in short_answers[0]]
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +150,14 @@ def test_a_failing_record_is_reported_with_its_id_and_the_others_kept(cluster, r
     assert "1 failed" in done.stderr and "too-long" in done.stderr
 
 
-def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, probe, tmp_path):
+def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, short_answers, tmp_path):
     """The signals Ray actors compute for the benchmark harness (``halwatch bench --ray``) equal this process's
     own pass, and land in the scorer's cache."""
     from halwatch.models.forward import whitebox_request
     from halwatch.scale import ray_signals
     from halwatch.scorer import Scorer
 
-    samples = sorted(probe, key=lambda s: len(s.response))[:3]
+    samples = short_answers[0][:3]
     scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path / "signals")
     request = whitebox_request(smol)
     scorer.remote = lambda todo, req: ray_signals(scorer, todo, req, address=cluster, actors=1)

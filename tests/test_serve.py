@@ -37,11 +37,11 @@ def scrape(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def items(probe):
-    """Real RAGTruth answers (short ones) as service items, and the bundled demo examples."""
+def items(short_answers):
+    """Real answers (two grounded and two swapped SQuAD-built ones, conftest's) as service items, and the bundled
+    demo examples."""
     demo = [json.loads(line) for line in open("src/halwatch/examples/demo.jsonl", encoding="utf-8")]
-    real = [{"id": s.id, "prompt": s.prompt, "response": s.response}
-            for s in sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:4]]
+    real = [{"id": s.id, "prompt": s.prompt, "response": s.response} for s in short_answers[0][2:6]]
     return real + [{k: d[k] for k in ("id", "context", "question", "response") if k in d} for d in demo]
 
 
