@@ -94,6 +94,13 @@ def probe(ragtruth_train):
 
 
 @pytest.fixture(scope="session")
+def probe_by_size(probe):
+    """The probe's answers, shortest first (prompt and response characters): tests that need only a few forward
+    passes take them from the front."""
+    return sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+
+
+@pytest.fixture(scope="session")
 def short_answers():
     """``(fit, held_out)``: SQuAD-built answers for the detectors whose own pass costs several forward passes per
     answer (relevance, every token's attention rows, sampling). Each is a passage's sentence holding a SQuAD answer

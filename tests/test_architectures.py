@@ -93,11 +93,11 @@ EVERY_DETECTOR_ON = ("gemma2", "gpt_neox", "qwen2")
 
 
 @pytest.mark.parametrize("arch", EVERY_DETECTOR_ON)
-def test_every_detector_fits_and_scores(arch, smol, probe, tmp_path):
+def test_every_detector_fits_and_scores(arch, smol, probe_by_size, tmp_path):
     """Every detector of halwatch fits on the 5 + 5 shortest probe answers scored by this architecture and scores
     held-out ones (the sampling baselines with two short samples each)."""
     tiny = tiny_model(arch, smol.tokenizer)
-    by_length = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    by_length = probe_by_size
     train = [s for s in by_length if s.label][:5] + [s for s in by_length if not s.label][:5]
     held_out = [s for s in by_length if s not in train][:3]
     # one shared pass, as the benchmarks do (one view per answer: windows are tested on the default model)
@@ -143,7 +143,7 @@ def test_an_architecture_without_capturable_attention_is_refused_by_name(smol, p
     assert forward.architecture(model) == "BloomForCausalLM (model_type 'bloom')"
 
 
-def test_batched_signals_equal_one_at_a_time(tiny, probe, monkeypatch):
+def test_batched_signals_equal_one_at_a_time(tiny, probe_by_size, monkeypatch):
     """Right-padded batches give every signal of one-by-one passes, relevance included (in a sliding-window model
     a padding query may see no key at all: that must not leak NaN into the real rows). The capture computes the
     batch at once, as on a GPU."""
@@ -151,7 +151,7 @@ def test_batched_signals_equal_one_at_a_time(tiny, probe, monkeypatch):
 
     monkeypatch.setattr(forward, "CPU_GROUP", None)
 
-    samples = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:3]
+    samples = probe_by_size[:3]
     relevance = "lrp4rag" not in REFUSED.get(tiny.name.removeprefix("tiny-"), {})
     request = SignalRequest(token_stats=True, heads=((1, 0), (LAYERS - 1, 3)), reducers=("lookback", "mtopdiv"),
                             relevance=RelevanceRequest(method="lrp", target="max") if relevance else None)
@@ -166,7 +166,7 @@ def test_batched_signals_equal_one_at_a_time(tiny, probe, monkeypatch):
             np.testing.assert_allclose(b.relevance[name], a.relevance[name], atol=1e-4, rtol=1e-3)
 
 
-def test_every_causal_lm_of_transformers_works_or_is_refused_by_name(smol, probe):
+def test_every_causal_lm_of_transformers_works_or_is_refused_by_name(smol, probe_by_size):
     """Every causal-LM architecture of the installed transformers, as a tiny random model built from its own config
     (:mod:`halwatch.eval.architectures`): either its captured attention rows of a probe answer equal transformers' own
     eager maps (2e-5; a mixture-of-experts router's near-ties may move a few rows, by less than 1e-3) and Lookback
@@ -174,7 +174,7 @@ def test_every_causal_lm_of_transformers_works_or_is_refused_by_name(smol, probe
     transformers itself cannot build or run with small sizes are counted apart."""
     from halwatch.eval.architectures import build, causal_lm_types, outcome
 
-    by_length = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    by_length = probe_by_size
     train = [s for s in by_length if s.label][:3] + [s for s in by_length if not s.label][:3]
     held_out = [s for s in by_length if s not in train][:3]
     seen = {"works": [], "refused": [], "not built": []}

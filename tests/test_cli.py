@@ -34,9 +34,9 @@ def test_score_one_answer():
         assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]
 
 
-def test_score_file_fit_and_bad_input(tmp_path, probe, halwatch):
+def test_score_file_fit_and_bad_input(tmp_path, probe_by_size, halwatch):
     # the probe's shortest answers: each context fits the cap, one forward pass per answer (windows: test_windows.py)
-    by_size = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    by_size = probe_by_size
     few = by_size[:4]
     fit_on = [s for s in by_size if s.label][:6] + [s for s in by_size if not s.label][:6]
     data = tmp_path / "in.jsonl"
@@ -125,12 +125,12 @@ def test_models_list_shows_the_cached_default(halwatch):
     assert rows["smollm2-135m"]["cached"] and rows["smollm2-135m"]["size_mb"] > 100
 
 
-def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, probe, halwatch):
+def test_fit_map_from_carries_lookback_lens_to_another_feature_space(tmp_path, probe_by_size, halwatch):
     """`fit --map-from`: the shipped Lookback Lens (raw input) carried to the chat-template input by a linear map
     fitted on unlabelled answers; the new artifact scores in that mode and names where it came from."""
     data = tmp_path / "unlabelled.jsonl"
     write_jsonl(data, [{k: v for k, v in s.to_dict().items() if k not in ("label", "spans")}
-                       for s in sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:10]])
+                       for s in probe_by_size[:10]])
     art = tmp_path / "mapped.json"
     halwatch("fit", "--detector", "lookback-lens", "--map-from", "lookback-lens", "--input-mode", "chat",
              "--max-tokens", "512", "--input", str(data), "--output", str(art))

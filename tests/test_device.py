@@ -42,9 +42,9 @@ def test_the_command_refuses_a_device_this_machine_lacks(halwatch):
     assert bad.returncode == 2 and "must be at least 1" in bad.stderr
 
 
-def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, probe, tmp_path, caplog):
+def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, probe_by_size, tmp_path, caplog):
     # the two shortest answers: bfloat16 matrix products are slow on a CPU without native support (minutes for four)
-    samples = sorted(probe, key=lambda s: len(s.prompt or "") + len(s.context or "") + len(s.response))[:2]
+    samples = probe_by_size[:2]
     half = Scorer(model="smollm2-135m", device="cpu", dtype="bfloat16", cache=tmp_path, max_tokens=512)
     full = Scorer(model=smol, cache=tmp_path, max_tokens=512)
     assert half.model.dtype == "bfloat16" and half.model.device.type == "cpu"

@@ -97,14 +97,14 @@ def test_the_guide_keeps_the_lowest_scoring_candidate(smol, monkeypatch):
     assert any(len({tuple(v.input_ids) for v in step["views"]}) > 1 for step in steps)
 
 
-def test_a_guide_that_reads_every_token_decodes(smol, probe):
+def test_a_guide_that_reads_every_token_decodes(smol, probe_by_size):
     """toha-mst reads the attention rows of every token, which a cached prompt cannot give: its candidates are
     scored by full passes."""
     from halwatch.detectors import create_detector
     from halwatch.scorer import Scorer
 
     scorer = Scorer(model=smol, input_mode="chat", max_tokens=360, cache=None)
-    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))
+    short = probe_by_size
     few = [s for s in short if not s.label][:3] + [s for s in short if s.label][:3]
     det = create_detector("toha-mst", scorer=scorer, n_max=2).fit(few)
     found = generate(smol, "Name a colour.", "chat", det, max_new_tokens=8, n_candidates=2, chunk=4, seed=0)

@@ -122,7 +122,7 @@ def test_recalibrating_changes_only_the_parts_with_labels(scorer, probe, routed)
     assert det.fitted_on["parts"]["qa"]["threshold"] == round(det.parts["qa"].threshold, 4)
 
 
-def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, summaries, tmp_path):
+def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe_by_size, summaries, tmp_path):
     """A routed artifact served: one /v1/score list of question-answering items and summaries gives each item its
     part's threshold and names the part, as the library does; /v1/detectors lists the thresholds per task."""
     from halwatch.client import Client
@@ -131,7 +131,7 @@ def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe, 
 
     path = tmp_path / "routed.json"
     routed.save(path)
-    short = sorted(probe, key=lambda s: len(s.prompt) + len(s.response))[:2]  # each fits the cap: no windows
+    short = probe_by_size[:2]  # each fits the cap: no windows
     # the prompt as it is, and the part of it that is the context (where the command's features read it too)
     items = [{"id": s.id, "prompt": s.prompt, "context": s.context_text, "response": s.response} for s in short]
     items += [{"id": s.id, "context": s.context, "response": s.response, "task": "summary"} for s in summaries[:2]]
