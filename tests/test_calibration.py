@@ -112,3 +112,17 @@ def test_every_supervised_detector_can_be_fitted_again(scorer, probe):
         signals = scorer.signals(probe, fresh.request())
         np.testing.assert_allclose(det.score_signals(signals), fresh.score_signals(signals), atol=1e-9)
         assert getattr(det, "feature_map", None) is None
+
+
+def test_a_share_is_not_estimated_from_too_few_answers_or_at_a_bound():
+    """`calibrate --prior estimate` refuses what label shift cannot explain: fewer than 20 answers, or scores whose
+    likelihood is highest with no (or only) hallucinated answers; a fair case gives an interval around the estimate."""
+    from halwatch.detectors.base import estimated_share
+    from halwatch.errors import InputError
+
+    with pytest.raises(InputError, match="too few"):
+        estimated_share(np.full(10, 0.5), 0.5)
+    with pytest.raises(InputError, match="do not fit the training answers"):
+        estimated_share(np.full(50, 0.3), 0.5)  # every answer less likely than the share assumed: q -> 0
+    found = estimated_share(np.r_[np.full(30, 0.9), np.full(70, 0.1)], 0.5)
+    assert 0.1 < found["interval"][0] <= found["estimate"] <= found["interval"][1] < 0.5

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from halwatch.data.jsonl import write_jsonl
@@ -179,12 +180,8 @@ def test_data_ragtruth_limit_is_a_prefix_of_one_shuffle(tmp_path, halwatch):
     assert [position[i] for i in ids[12]] == sorted(position[i] for i in ids[12])  # file order kept
 
 
-def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch):
-    """`halwatch calibrate --target-fpr`: scored with the written artifact, the calibration answers' grounded ones
-    above the threshold number exactly what split-conformal allows (n0 - ceil((n0 + 1)(1 - a))), and the command
-    prints the guarantee with its caveat."""
-    import math
-
+def _users_answers(tmp_path):
+    """A user's 27 labelled short answers (19 grounded first, then 8 made up; SQuAD-built), as a JSONL file."""
     from halwatch.data.shapes import build_squad_shapes
 
     shapes = [s for s in build_squad_shapes(n_questions=40, n_unanswerable=10, seed=7)
@@ -193,6 +190,16 @@ def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch
     made_up = [s for s in shapes if s.label == 1][:8]
     data = tmp_path / "mine.jsonl"
     write_jsonl(data, [s.to_dict() for s in grounded + made_up])
+    return data
+
+
+def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch):
+    """`halwatch calibrate --target-fpr`: scored with the written artifact, the calibration answers' grounded ones
+    above the threshold number exactly what split-conformal allows (n0 - ceil((n0 + 1)(1 - a))), and the command
+    prints the guarantee with its caveat."""
+    import math
+
+    data = _users_answers(tmp_path)
     art = tmp_path / "mine.json"
     out = halwatch("calibrate", "--input", str(data), "--target-fpr", "0.2", "--output", str(art))
     assert "split-conformal" in out.stderr and "exchangeable" in out.stderr
@@ -206,6 +213,46 @@ def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch
     flagged_grounded = sum(r["hallucinated"] for r in rows[:19])
     assert flagged_grounded == 19 - math.ceil(20 * 0.8)
     assert all(r["threshold"] == pytest.approx(recal["thresholds"]["qa"], abs=1e-4) for r in rows)
+
+
+def test_calibrate_prior_restates_probabilities_and_keeps_every_verdict(tmp_path, halwatch):
+    """`halwatch calibrate --prior estimate` on unlabelled answers: the share it writes is the maximum of the
+    label-shift likelihood of the default's probabilities (Saerens et al. 2002), found here by a bounded scalar
+    search instead of EM; the written artifact's probabilities are Bayes' rule for that share, and its verdicts
+    and spans are the default's. `--prior 0.3 --task qa` states a share for the QA part alone."""
+    from scipy.optimize import minimize_scalar
+
+    data = _users_answers(tmp_path)
+    unlabelled = tmp_path / "traffic.jsonl"
+    write_jsonl(unlabelled, [{k: v for k, v in json.loads(line).items() if k not in ("label", "spans")}
+                             for line in data.read_text().splitlines()])
+    art = tmp_path / "restated.json"
+    out = halwatch("calibrate", "--prior", "estimate", "--input", str(unlabelled), "--output", str(art))
+    assert "estimated from 27 unlabelled answers" in out.stderr and "kept as fitted" in out.stderr
+    restated = json.loads(art.read_text())["parts"]["qa"]
+    assumed = restated["fitted_on"]["restated"]["assumed"]
+
+    def scored(*detector):
+        path = tmp_path / f"scored-{len(detector)}.jsonl"
+        halwatch("score", "--input", str(unlabelled), "--output", str(path), *detector)
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    before, after = scored(), scored("--detector", str(art))
+    p = np.array([r["score"] for r in before])
+    found = minimize_scalar(lambda q: -np.log(q / assumed * p + (1 - q) / (1 - assumed) * (1 - p)).sum(),
+                            bounds=(1e-4, 1 - 1e-4), method="bounded", options={"xatol": 1e-8}).x
+    share = restated["calibration"]["prior"]
+    assert share == pytest.approx(found, abs=2e-3) and abs(share - assumed) > 0.01
+    bayes = share / assumed * p / (share / assumed * p + (1 - share) / (1 - assumed) * (1 - p))
+    assert [r["score"] for r in after] == pytest.approx(bayes, abs=2e-4) and np.abs(bayes - p).max() > 0.005
+    assert [r["hallucinated"] for r in after] == [r["hallucinated"] for r in before]
+    assert [r["spans"] for r in after] == [r["spans"] for r in before]
+    stated = tmp_path / "stated.json"
+    halwatch("calibrate", "--prior", "0.3", "--task", "qa", "--output", str(stated))
+    parts = json.loads(stated.read_text())["parts"]
+    assert parts["qa"]["calibration"]["prior"] == 0.3 and parts["summary"]["fitted_on"].get("restated") is None
+    bad = halwatch("calibrate", "--prior", "0.3", "--input", str(unlabelled), "--output", str(stated), check=False)
+    assert bad.returncode == 2 and "a stated --prior needs no answers" in bad.stderr
 
 
 def test_score_a_summary_without_a_question(tmp_path, halwatch):
@@ -232,7 +279,7 @@ def test_bench_kinds_have_their_own_options_and_run_is_the_default(capsys):
 
     parser = build_parser()
     for kind, foreign in (("speed", "--protocol"), ("serve", "--map-from-model"), ("relevance", "--clients"),
-                          ("invariance", "--sweeps"), ("calibration", "--lengths")):
+                          ("invariance", "--sweeps"), ("calibration", "--lengths"), ("prior", "--target-fpr")):
         with pytest.raises(SystemExit):
             parser.parse_args(["bench", kind, "--help"])
         shown = capsys.readouterr().out

@@ -267,9 +267,10 @@ def _verdicts_in_chunks(scorer, detector, views, progress: bool):
             yield from detector.verdicts(part, scorer.signals([v.sample for v in part], request, views=part, bar=bar))
 
 
-def _labelled_input(args, scorer):
+def _labelled_input(args, scorer, labelled: bool = True):
     """The labelled samples of ``fit`` and ``calibrate``: ``--input`` (generic JSONL) or ``--datasets`` (named
-    datasets, the parts of ``--split``), encodable with ``scorer``; with a description for the artifact."""
+    datasets, the parts of ``--split``), encodable with ``scorer``; with a description for the artifact. With
+    ``labelled`` false, labels are not needed (nor read)."""
     if bool(args.input) == bool(getattr(args, "datasets", None)):
         raise InputError("give either --input FILE or --datasets NAME ...")
     if args.input:
@@ -285,7 +286,7 @@ def _labelled_input(args, scorer):
             raise InputError(f"no samples of the split(s) {args.split} in {', '.join(args.datasets)}")
         describe = describe_fit_data(args.datasets, args.split)
     unlabelled = [s for s in samples if s.label is None]
-    if unlabelled:
+    if unlabelled and labelled:
         raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)
     samples, _ = _encode_all(scorer, samples, args.skip_invalid)
     return samples, args.describe or describe
@@ -342,6 +343,8 @@ def cmd_calibrate(args) -> int:
     from halwatch.detectors import DETECTORS, read_artifact
 
     artifact = read_artifact(args.detector)
+    if args.prior is not None:
+        return _restate(args, artifact)
     scorer = _scorer_from(args, artifact)
     samples, describe = _labelled_input(args, scorer)  # its records are checked before the model loads
     labels = [s.label for s in samples]
@@ -369,6 +372,55 @@ def cmd_calibrate(args) -> int:
                  f"It holds only for answers exchangeable with these (same source of questions, generator, "
                  f"template): with fewer grounded answers the spread is wider; calibrate again when they change.")
     return 0
+
+
+def _restate(args, artifact) -> int:
+    """``calibrate --prior``: the detector's probabilities restated for a share of hallucinated answers, stated or
+    estimated from unlabelled answers (:meth:`halwatch.detectors.base.Detector.restate_prior`); every verdict and
+    span is kept."""
+    from halwatch.detectors import DETECTORS
+    from halwatch.sample import task_of
+
+    if args.target_fpr is not None:
+        raise InputError("--prior keeps the threshold's verdicts: it does not take --target-fpr")
+    if args.prior == "estimate":
+        scorer = _scorer_from(args, artifact)
+        samples, describe = _labelled_input(args, scorer, labelled=False)
+        detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+        probs = detector.score(samples, progress=True)
+        found = detector.restate_prior(probs=probs, describe=describe, tasks=[task_of(s) for s in samples])
+    else:
+        if args.input or args.datasets:
+            raise InputError("a stated --prior needs no answers: leave out --input and --datasets, or use "
+                             "--prior estimate to estimate the share from them")
+        detector = DETECTORS[artifact["detector"]].from_dict(artifact)
+        found = detector.restate_prior(args.prior, describe=args.describe or "stated",
+                                       tasks=[args.task] if args.task else None)
+    detector.save(args.output)
+    for task, report in (found.get("parts") or {"": found}).items():
+        head = f"{task} part: " if task else ""
+        how = "stated" if "estimate" not in report else (
+            f"estimated from {report['n']} unlabelled answers, 90 % bootstrap interval "
+            f"{report['interval'][0]:.3f}-{report['interval'][1]:.3f}")
+        note(f"{head}probabilities now assume {report['prior']:.3f} of the answers hallucinated ({how}; they "
+             f"assumed {report['assumed']:.3f}); threshold {report['threshold']:.4f}, the same verdicts and spans "
+             f"-> {args.output}")
+    if found.get("kept"):
+        why = "too few answers" if args.prior == "estimate" else "not named by --task"
+        note(f"the part(s) {', '.join(found['kept'])} kept as fitted ({why})")
+    return 0
+
+
+def _share(text: str) -> float | str:
+    if text == "estimate":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share in (0, 1) or 'estimate', not {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"a share in (0, 1) or 'estimate', not {value}")
+    return value
 
 
 def _fit_mapped(args, scorer, samples) -> int:
@@ -474,7 +526,7 @@ def cmd_generate(args) -> int:
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
 BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer"),
                "serve": ("throughput", "overload", "drain", "stream")}
-BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "architectures")
+BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "prior", "architectures")
 
 
 def _bench_default_kind(argv: list[str]) -> list[str]:
@@ -516,6 +568,12 @@ def cmd_bench(args) -> int:
         run_calibration_check(detector=args.detector, datasets=args.datasets, split=args.eval_split,
                               target_fpr=args.target_fpr, seeds=args.seeds, out=args.out_file,
                               scorer_options={"device": args.device, "dtype": args.dtype})
+        return 0
+    if args.what == "prior":
+        from halwatch.eval.calibration_check import run_prior_check
+
+        run_prior_check(detector=args.detector, datasets=args.datasets, split=args.eval_split, draws=args.draws,
+                        out=args.out_file, scorer_options={"device": args.device, "dtype": args.dtype})
         return 0
     if args.what == "architectures":
         from halwatch.eval.architectures import survey
@@ -717,6 +775,20 @@ def _add_bench_parser(sub) -> None:
     cal.add_argument("--seeds", type=int, default=5, help="random halvings per dataset (default 5)")
     cal.add_argument("--out-file", help="also write the figures to this JSON file")
     add_device_options(cal)
+
+    pri = kinds.add_parser("prior", help="does `halwatch calibrate --prior estimate` find the share of "
+                                         "hallucinated answers?",
+                           description="Estimates each dataset's share of hallucinated answers from its scores "
+                                       "alone, as `halwatch calibrate --prior estimate` does, against the true "
+                                       "share, with the calibration error before and after restating the "
+                                       "probabilities; then on resamples drawn at other shares.")
+    _add_bench_detector(pri)
+    pri.add_argument("--datasets", nargs="+", default=["ragtruth:all"], help="datasets (default ragtruth:all)")
+    pri.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                     help="the split used (default dev; test once per published table)")
+    pri.add_argument("--draws", type=int, default=30, help="resamples at each share (default 30)")
+    pri.add_argument("--out-file", help="also write the figures to this JSON file")
+    add_device_options(pri)
     p.set_defaults(func=cmd_bench)
 
 
@@ -794,6 +866,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--target-fpr", type=float, metavar="A",
                    help="the share of grounded answers you accept to see flagged, e.g. 0.1")
+    p.add_argument("--prior", type=_share, metavar="SHARE|estimate",
+                   help="instead of calibrating on labels: let the probabilities assume this share of hallucinated "
+                        "answers (e.g. 0.25), or the share estimated from the unlabelled answers of --input or "
+                        "--datasets ('estimate'); verdicts and spans stay as they are (with --task, only that "
+                        "task's part)")
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p, defaults_from_artifact=True)

@@ -63,7 +63,7 @@ class Calibrator:
             self.params = {"x": iso.X_thresholds_.tolist(), "y": iso.y_thresholds_.tolist(), **bounds}
         rate = float(labels.mean())
         self.params |= {"rate": rate, "prior": rate if prior is None else float(prior),
-                        "shift": 0.0 if prior is None else float(_logit(prior) - _logit(rate))}
+                        "shift": 0.0 if prior is None else float(logit(prior) - logit(rate))}
         return self
 
     def transform(self, raw) -> np.ndarray:
@@ -74,13 +74,35 @@ class Calibrator:
         p = self.params
         from scipy.special import expit
 
+        shift = p.get("shift", 0.0) + p.get("restated", 0.0)
         if self.method == "platt":
-            probs = expit(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"] + p.get("shift", 0.0))
+            probs = expit(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"] + shift)
         else:
             probs = np.interp(raw, p["x"], p["y"])
-            if p.get("shift"):
-                probs = expit(_logit(probs) + p["shift"])
+            if shift:
+                probs = expit(logit(probs) + shift)
         return np.clip(probs, p.get("p_min", 0.0), p.get("p_max", 1.0))
+
+    def restate(self, prior: float) -> float:
+        """Let the probabilities assume ``prior`` as the share of hallucinated answers instead of the one they
+        assume now (a change of class prior after the fit: the log-odds move by ``logit(prior) - logit(now)``,
+        kept apart from the fit's own ``shift`` as ``restated``). Returns that move, by which a probability
+        threshold must move too to keep every verdict (:meth:`as_fitted` undoes it)."""
+        if not 0 < prior < 1:
+            raise InputError(f"the share of hallucinated answers must be in (0, 1), not {prior}")
+        move = float(logit(prior) - logit(self.params["prior"]))
+        self.params |= {"prior": float(prior), "restated": self.params.get("restated", 0.0) + move}
+        return move
+
+    def as_fitted(self, probs):
+        """Probabilities (or a threshold) put back on the scale of the fit, before any :meth:`restate`: what the
+        span rule, fitted on that scale, is given."""
+        move = self.params.get("restated", 0.0)
+        if not move:
+            return probs
+        from scipy.special import expit
+
+        return expit(logit(probs) - move)
 
     def ranking(self, raw) -> np.ndarray:
         """The score answers are ranked by (AUROC, AUC-PR): the raw score, reversed where the Platt slope is
@@ -101,9 +123,33 @@ class Calibrator:
         return c
 
 
-def _logit(p):
+def logit(p):
     p = np.clip(np.asarray(p, dtype=float), 1e-12, 1 - 1e-12)
     return np.log(p / (1 - p))
+
+
+def estimate_prior(probs, assumed: float, tol: float = 1e-7, max_iter: int = 2000):
+    """The share of hallucinated answers among unlabelled answers, from their probabilities ``probs`` (which
+    assume the share ``assumed``), by the EM procedure of Saerens, Latinne and Decaestecker, "Adjusting the
+    outputs of a classifier to new a priori probabilities: a simple procedure" (Neural Computation 14, 2002,
+    section 2.3): E-step, each answer's probability under the current share ``q``,
+    ``p_i(q) = sigmoid(logit(p_i) + logit(q) - logit(assumed))``; M-step, ``q = mean_i p_i(q)``; repeated until
+    ``q`` moves less than ``tol``. It is the maximum-likelihood share under label shift: the answers differ from
+    the training answers only in how many are hallucinated, each class's answers looking as they did. ``probs``
+    may be a matrix: one estimate per row (the bootstrap's resamples at once), else one float."""
+    from scipy.special import expit
+
+    logits = logit(np.atleast_2d(np.asarray(probs, dtype=float)))
+    base = float(logit(assumed))
+    q = np.full(len(logits), float(assumed))
+    for _ in range(max_iter):
+        new = expit(logits + (logit(q) - base)[:, None]).mean(axis=1)
+        new = np.clip(new, 1e-6, 1 - 1e-6)
+        done = np.abs(new - q).max() < tol
+        q = new
+        if done:
+            break
+    return q if np.ndim(probs) > 1 else float(q[0])
 
 
 def best_f1_threshold(scores, labels) -> float:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of
+from halwatch.detectors.base import ARTIFACT_FORMAT, MIN_FOR_SHARE, Detector, check_confidence, groups_of
+from halwatch.detectors.calibration import logit
 from halwatch.detectors.fused import Fused
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import Signals
@@ -29,11 +30,6 @@ from halwatch.tokens import TokenView, window_groups
 
 #: A task gets its own part when it has at least this many answers of each label; otherwise the fallback judges it.
 MIN_PER_LABEL = 10
-
-
-def _logodds(probs) -> np.ndarray:
-    p = np.clip(np.asarray(probs, dtype=float), 1e-12, 1 - 1e-12)
-    return np.log(p / (1 - p))
 
 
 class Routed(Detector):
@@ -153,7 +149,7 @@ class Routed(Detector):
         several parts, whose raw scores are on different scales, by each part's calibrated log-odds."""
         if len(self._routes(tasks)) == 1:
             return np.asarray(rankings, dtype=float)
-        return _logodds(probs)
+        return logit(probs)
 
     def answer_scores(self, views, signals):
         """Each answer scored by its task's part (ranking scores: :meth:`_ranking`)."""
@@ -257,9 +253,37 @@ class Routed(Detector):
                 reports[name] = self.for_task(name).recalibrate(raw[idx], labels[idx], target_fpr, describe)
         if not reports:
             raise InputError("no task has both grounded (0) and hallucinated (1) answers to calibrate on")
+        return self._changed("recalibrated", reports)
+
+    def restate_prior(self, prior: float | None = None, probs=None, describe: str = "", tasks=None) -> dict:
+        """:meth:`Detector.restate_prior` of each part: with ``prior`` stated, for the parts of ``tasks`` (task
+        names; every part when ``None``); else estimated from ``probs``, the probabilities of unlabelled answers
+        with ``tasks`` their tasks, for each part that judges at least :data:`MIN_FOR_SHARE` of them (the others
+        keep their prior). Returns ``{"parts": {part: report}, "kept": [parts not restated]}``."""
+        self._require_fitted()
+        reports = {}
+        if prior is not None:
+            for name in sorted({self.route(t) for t in tasks} if tasks else self.parts):
+                reports[name] = self.parts[name].restate_prior(prior, describe=describe)
+        else:
+            if tasks is None:
+                raise InputError("a routed detector estimates each task's share on that task's answers: give the "
+                                 "answers' tasks")
+            probs = np.asarray(probs, dtype=float)
+            for name, idx in self._routes(tasks).items():
+                if len(idx) >= MIN_FOR_SHARE:
+                    reports[name] = self.parts[name].restate_prior(probs=probs[idx], describe=describe)
+            if not reports:
+                raise InputError(f"no task has the {MIN_FOR_SHARE} answers needed to estimate its share of "
+                                 f"hallucinated ones")
+        return self._changed("restated", reports)
+
+    def _changed(self, how: str, reports: dict) -> dict:
+        """After some parts were recalibrated or restated (``how``): their thresholds in ``fitted_on``, and the
+        reports, ``{"parts": {part: report}, "kept": [parts left as they were]}``."""
         parts = {t: {**row, "threshold": round(float(self.parts[t].threshold), 4)}
                  for t, row in self.fitted_on.get("parts", {}).items()}
-        self.fitted_on = {**self.fitted_on, "parts": parts, "recalibrated": sorted(reports)}
+        self.fitted_on = {**self.fitted_on, "parts": parts, how: sorted(reports)}
         return {"parts": reports, "kept": sorted(set(self.parts) - set(reports))}
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
