@@ -253,6 +253,13 @@ def test_calibrate_prior_restates_probabilities_and_keeps_every_verdict(tmp_path
     assert parts["qa"]["calibration"]["prior"] == 0.3 and parts["summary"]["fitted_on"].get("restated") is None
     bad = halwatch("calibrate", "--prior", "0.3", "--input", str(unlabelled), "--output", str(stated), check=False)
     assert bad.returncode == 2 and "a stated --prior needs no answers" in bad.stderr
+    # an artifact written before the share was kept (shipped Lookback Lens): its training answers' share is assumed
+    from halwatch.detectors import read_artifact
+
+    halwatch("calibrate", "--detector", "lookback-lens", "--prior", "0.25", "--output", str(stated))
+    shipped, moved = read_artifact("lookback-lens"), json.loads(stated.read_text())
+    a, t = shipped["fitted_on"]["n_hallucinated"] / shipped["fitted_on"]["n"], shipped["threshold"]
+    assert moved["threshold"] == pytest.approx(0.25 / a * t / (0.25 / a * t + 0.75 / (1 - a) * (1 - t)), rel=1e-9)
 
 
 def test_score_a_summary_without_a_question(tmp_path, halwatch):

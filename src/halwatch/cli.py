@@ -767,10 +767,7 @@ def _add_bench_parser(sub) -> None:
                            description="Recalibrates the detector on one half of each dataset's split with "
                                        "--target-fpr and reports the false-positive rate reached on the other half, "
                                        "averaged over seeds.")
-    _add_bench_detector(cal)
-    cal.add_argument("--datasets", nargs="+", default=["squad-shapes"], help="datasets (default squad-shapes)")
-    cal.add_argument("--eval-split", choices=["dev", "test"], default="dev",
-                     help="the split used (default dev; test once per published table)")
+    _add_bench_datasets(cal, "squad-shapes")
     cal.add_argument("--target-fpr", type=float, default=0.1, help="the rate asked for (default 0.1)")
     cal.add_argument("--seeds", type=int, default=5, help="random halvings per dataset (default 5)")
     cal.add_argument("--out-file", help="also write the figures to this JSON file")
@@ -782,10 +779,7 @@ def _add_bench_parser(sub) -> None:
                                        "alone, as `halwatch calibrate --prior estimate` does, against the true "
                                        "share, with the calibration error before and after restating the "
                                        "probabilities; then on resamples drawn at other shares.")
-    _add_bench_detector(pri)
-    pri.add_argument("--datasets", nargs="+", default=["ragtruth:all"], help="datasets (default ragtruth:all)")
-    pri.add_argument("--eval-split", choices=["dev", "test"], default="dev",
-                     help="the split used (default dev; test once per published table)")
+    _add_bench_datasets(pri, "ragtruth:all")
     pri.add_argument("--draws", type=int, default=30, help="resamples at each share (default 30)")
     pri.add_argument("--out-file", help="also write the figures to this JSON file")
     add_device_options(pri)
@@ -795,6 +789,14 @@ def _add_bench_parser(sub) -> None:
 def _add_bench_detector(p) -> None:
     p.add_argument("--detector", "--detectors", dest="detector", default="default",
                    help="shipped artifact name or artifact file (default: default)")
+
+
+def _add_bench_datasets(p, default: str) -> None:
+    """``--detector``, ``--datasets`` and ``--eval-split`` of a bench kind that checks a detector on named sets."""
+    _add_bench_detector(p)
+    p.add_argument("--datasets", nargs="+", default=[default], help=f"datasets (default {default})")
+    p.add_argument("--eval-split", choices=["dev", "test"], default="dev",
+                   help="the split used (default dev; test once per published table)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -437,6 +437,16 @@ class Detector:
         self.fitted_on = {**self.fitted_on, "recalibrated": {**report, "data": describe}}
         return report
 
+    def assumed_prior(self) -> float:
+        """The share of hallucinated answers this detector's probabilities assume: the calibration's ``prior``, or
+        in an artifact written before that was kept, the share of its training answers."""
+        if "prior" in self.calibrator.params:
+            return float(self.calibrator.params["prior"])
+        if self.fitted_on.get("n"):
+            return self.fitted_on["n_hallucinated"] / self.fitted_on["n"]
+        raise HalwatchError(f"detector {self.name!r}: the artifact does not say which share of hallucinated answers "
+                            f"its probabilities assume; fit it again")
+
     def restate_prior(self, prior: float | None = None, probs=None, describe: str = "", tasks=None) -> dict:
         """Let the probabilities assume another share of hallucinated answers, keeping every verdict and span: the
         share ``prior`` a user states, or the one estimated from ``probs``, the probabilities (as scoring gives
@@ -451,7 +461,8 @@ class Detector:
         from halwatch.detectors.calibration import logit
 
         self._require_fitted()
-        report = {"assumed": float(self.calibrator.params["prior"])}
+        report = {"assumed": self.assumed_prior()}
+        self.calibrator.params.setdefault("prior", report["assumed"])  # (artifacts written before it was kept)
         if prior is None:
             report |= estimated_share(probs, report["assumed"])
             prior = report["estimate"]

@@ -20,6 +20,7 @@ from halwatch.detectors.base import estimated_share
 from halwatch.detectors.calibration import estimate_prior
 from halwatch.errors import InputError
 from halwatch.eval.metrics import expected_calibration_error
+from halwatch.eval.protocols import load_dataset, source_commit
 
 
 def halves(samples, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,6 +39,7 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     """Per dataset: the mean false-positive rate reached on the held-out half, the mean absolute gap to the target,
     the share of seeds within 0.05 of it, and the mean true-positive rate, each calibration on at most
     ``max_answers`` answers (a user's 50-500). Prints a table; writes ``out`` (JSON) when given."""
+    commit = source_commit()
     rows = []
     for name, samples, part, raw in _scored(detector, datasets, split, scorer_options):
         labels = np.array([s.label for s in samples])
@@ -64,7 +66,7 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
     for r in rows:
         print(f"| {r['dataset']} | {r['answers_calibrated']} | {r['fpr_mean']:.3f} ± {r['fpr_sd']:.3f} | "
               f"{r['gap_mean']:.3f} | {r['within_0.05']:.2f} | {r['tpr_mean']:.3f} |")
-    _write(rows, out)
+    _write(rows, out, commit)
     return rows
 
 
@@ -74,7 +76,6 @@ def _scored(detector: str, datasets, split: str, scorer_options: dict | None):
     ``halwatch calibrate`` and ``score`` see them."""
     from halwatch.data.splits import split_of
     from halwatch.detectors import DETECTORS, read_artifact
-    from halwatch.eval.protocols import load_dataset
     from halwatch.sample import task_of
     from halwatch.scorer import Scorer
 
@@ -90,7 +91,10 @@ def _scored(detector: str, datasets, split: str, scorer_options: dict | None):
         yield name, samples, part, part.answers(samples, progress=True)[1]
 
 
-def _write(rows: list[dict], out) -> None:
+def _write(rows: list[dict], out, commit: str) -> None:
+    """``rows`` as JSON to ``out``, each with the commit they were measured at and whether the tree was dirty."""
+    for row in rows:
+        row |= {"commit": commit, "dirty": commit.endswith("-dirty")}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(rows, indent=1) + "\n")
@@ -100,7 +104,7 @@ def _as_prior(part, raw, prior: float) -> np.ndarray:
     """The probabilities ``part`` gives ``raw`` once they assume ``prior`` (its calibration restated)."""
     from halwatch.detectors.calibration import Calibrator
 
-    calibrator = Calibrator.from_dict(part.calibrator.to_dict())
+    calibrator = Calibrator.from_dict({"prior": part.assumed_prior(), **part.calibrator.to_dict()})
     calibrator.restate(float(prior))
     return calibrator.transform(raw)
 
@@ -114,11 +118,12 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
     for the true share (the best restating can do); then the same on ``draws`` resamples of at most ``size``
     answers drawn at each of ``shares`` (the mean estimate, its spread and the mean errors). Prints tables; writes
     ``out`` (JSON) when given."""
+    commit = source_commit()
     rows = []
     rng = np.random.default_rng(0)
     for name, samples, part, raw in _scored(detector, datasets, split, scorer_options):
         labels = np.array([s.label for s in samples])
-        assumed = float(part.calibrator.params["prior"])
+        assumed = part.assumed_prior()
 
         def errors(idx, estimate):
             probs = part.calibrator.transform(raw[idx])
@@ -171,5 +176,5 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
         for q in r["resampled"]:
             print(f"| {r['dataset']} | {q['share']:.2f} | {q['n']} | {q['estimate_mean']:.3f} ± {q['estimate_sd']:.3f} "
                   f"| {q['ece_fitted']:.3f} | {q['ece_restated']:.3f} | {q['ece_true_share']:.3f} |")
-    _write(rows, out)
+    _write(rows, out, commit)
     return rows

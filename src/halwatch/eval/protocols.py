@@ -148,7 +148,8 @@ def make_splits(protocol: str, samples, seeds, probe_size=None):
     raise ValueError(f"unknown protocol {protocol!r}: choose one of {', '.join(PROTOCOLS)}")
 
 
-def _commit() -> str:
+def source_commit() -> str:
+    """The commit of the code that runs (``git describe``), ``-dirty`` when the tree had changes."""
     import subprocess
     from pathlib import Path
 
@@ -169,7 +170,7 @@ class Bench:
         self.progress = progress
         self.rows: list[dict] = []
         self.predictions: list[dict] = []
-        self.commit = _commit()
+        self.commit = source_commit()
         self._data: dict = {}
 
     def data(self, name: str, request: SignalRequest | None = None, needed=None):
