@@ -45,10 +45,10 @@ EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "se
 @pytest.mark.parametrize("name", sorted(set(DETECTORS) - {"lrp4rag", "routed"}))
 def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, short_answers, tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
-    # answers whose context fits the 512-token cap: one view each (a longer one is scored in windows, test_windows.py)
-    held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800 and not scorer.encode(s).cut_chars][:6]
     if name in EXPENSIVE:  # a pass of their own (relevance, every token's rows, sampling): 4 + 4 SQuAD-built
         probe, held_out = short_answers  # answers of short passages, and 2 held out (test_lrp4rag.py's lrp_probe)
+    else:  # answers whose context fits the 512-token cap: one view each (longer ones are windowed, test_windows.py)
+        held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800 and not scorer.encode(s).cut_chars][:6]
     det = create_detector(name, scorer=scorer, **{k: v for k, v in small.items()
                                                   if k in DETECTORS[name].setting_names()})
     with pytest.raises(HalwatchError, match="not fitted"):

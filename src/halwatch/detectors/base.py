@@ -142,7 +142,6 @@ def check_confidence(value) -> float:
     return value
 
 
-
 #: The fewest unlabelled answers :meth:`Detector.restate_prior` estimates a share from.
 MIN_FOR_SHARE = 20
 

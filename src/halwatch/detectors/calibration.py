@@ -131,8 +131,9 @@ def logit(p):
 def estimate_prior(probs, assumed: float, tol: float = 1e-7, max_iter: int = 2000):
     """The share of hallucinated answers among unlabelled answers, from their probabilities ``probs`` (which
     assume the share ``assumed``), by the EM procedure of Saerens, Latinne and Decaestecker, "Adjusting the
-    outputs of a classifier to new a priori probabilities: a simple procedure" (Neural Computation 14, 2002,
-    section 2.3): E-step, each answer's probability under the current share ``q``,
+    outputs of a classifier to new a priori probabilities: a simple procedure" (Neural Computation 14, 2002; not
+    among the project's papers, so cited by its procedure rather than an equation number): E-step, each answer's
+    probability under the current share ``q``,
     ``p_i(q) = sigmoid(logit(p_i) + logit(q) - logit(assumed))``; M-step, ``q = mean_i p_i(q)``; repeated until
     ``q`` moves less than ``tol``. It is the maximum-likelihood share under label shift: the answers differ from
     the training answers only in how many are hallucinated, each class's answers looking as they did. ``probs``

@@ -64,7 +64,7 @@ def _train(z, y, weight, penalty: float, iterations: int, start=None) -> np.ndar
         loss = float(_log_loss(logits, y, weight)) + 0.5 * penalty * float(w @ w)
         residual = weight * (torch.sigmoid(logits) - y)
         grad = np.empty(d + 1)
-        grad[:d] = ((residual @ z).double() + penalty * torch.from_numpy(theta[:d])).numpy()
+        grad[:d] = (residual @ z).double().numpy() + penalty * theta[:d]
         grad[d] = float(residual.sum())
         return loss / total, grad / total
 
