@@ -148,3 +148,6 @@ def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe_b
     expected = routed.score(short + summaries[:2])
     assert [r["score"] for r in got] == pytest.approx(expected, abs=1e-3)
     assert listed["threshold"] is None and listed["thresholds"] == pytest.approx(routed.thresholds)
+    # the share of hallucinated answers each part's probabilities assume: its training answers' share
+    assert listed["priors"] == pytest.approx({t: p.fitted_on["n_hallucinated"] / p.fitted_on["n"]
+                                              for t, p in routed.parts.items()})

@@ -318,7 +318,8 @@ class ScoringService:
     def describe(self) -> list[dict]:
         out = []
         for name, det in self.detectors.items():
-            per_task = {"thresholds": det.thresholds} if det.name == "routed" else {}
+            per_task = ({"thresholds": det.thresholds, "priors": {t: p.assumed_prior() for t, p in det.parts.items()}}
+                        if det.name == "routed" else {"prior": det.assumed_prior()})
             out.append({"name": name, "method": det.name, "citation": det.citation, "default": name == self.default,
                         "threshold": det.threshold, **per_task, **det.identity, "fitted_on": det.fitted_on,
                         "settings": det.settings})
@@ -505,6 +506,9 @@ class DetectorInfo(BaseModel):
     threshold: float | None = None
     thresholds: dict[str, float] | None = Field(None, description="a routed detector's threshold per task (its "
                                                                   "`threshold` is null)")
+    prior: float | None = Field(None, description="the share of hallucinated answers its probabilities assume "
+                                                 "(`halwatch calibrate --prior` restates it)")
+    priors: dict[str, float] | None = Field(None, description="a routed detector's `prior` per task")
 
 
 class DetectorList(BaseModel):
