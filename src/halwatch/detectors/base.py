@@ -162,8 +162,11 @@ def estimated_share(probs, assumed: float, resamples: int = 200) -> dict:
         raise InputError(f"the scores of these {len(probs)} answers do not fit the training answers in another "
                          f"proportion (estimated share of hallucinated ones: {estimate:.3f}); state the share "
                          f"instead, or calibrate on labelled answers")
-    draws = np.random.default_rng(0).integers(0, len(probs), size=(resamples, len(probs)))
-    low, high = np.percentile(estimate_prior(probs[draws], assumed), [5, 95])
+    rng, chunk = np.random.default_rng(0), max(1, 2_000_000 // len(probs))  # resamples at once: memory stays small
+    found = np.concatenate([estimate_prior(probs[rng.integers(0, len(probs), size=(min(chunk, resamples - i),
+                                                                                   len(probs)))], assumed)
+                            for i in range(0, resamples, chunk)])
+    low, high = np.percentile(found, [5, 95])
     return {"estimate": estimate, "interval": [float(low), float(high)], "n": int(len(probs))}
 
 
