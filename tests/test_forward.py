@@ -203,12 +203,10 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path)
     assert row["answers"] == 3 and row["batches"] == 1 and row["answers_per_s"] > 0
     assert row["ratio"] == pytest.approx(row["answers_per_s"] / row["plain_forward_answers_per_s"])
     assert "answers/s" in lines[-1] and "in 1 batches" in lines[-1]
-    # --processes 2: two processes of their own score real answers together (on a CPU, a core each)
-    row = batched_rate(detector, n=2, repeats=1, out=lines.append, processes=2)
-    assert row["processes"] == 2 and row["answers"] == 2 and row["answers_per_s"] > 0
+    # --processes 2: two processes of their own, each with its model, score the answers together (a core each)
+    row = batched_rate(detector, repeats=1, out=lines.append, processes=2, samples=answers)
+    assert row["processes"] == 2 and row["answers"] == 3 and row["answers_per_s"] > 0
     assert "2 processes together" in lines[-1]
-    with pytest.raises(ValueError, match="seeded sample"):
-        batched_rate(detector, processes=2, samples=answers)
     # a process that cannot load its model stops the measure with its reason, at once
     from types import SimpleNamespace
 
@@ -216,7 +214,7 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path)
 
     nowhere = SimpleNamespace(name="nowhere", path=str(tmp_path / "no-model"), device="cpu", dtype="float32")
     with pytest.raises(RuntimeError, match="a scoring process failed: ModelError"):
-        _rate_of_processes(nowhere, 2, 2, 0, 1)
+        _rate_of_processes(nowhere, 2, answers, 1)
     # --parts phases: each phase timed, the inner ones within the outer ones, and every timed function put back
     from halwatch.eval.speed import phases
     from halwatch.scorer import Scorer

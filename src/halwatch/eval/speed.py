@@ -235,14 +235,12 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     scoring all the answers ``repeats`` times at once after all have warmed up (as ``--ray-actors N --ray-gpus
     1/N`` deploys them): the answers of all of them over the time from the first start to the last end. The host's
     work per answer is Python, one core per process; with several processes the device's queue stays full."""
-    if processes > 1 and samples is not None:
-        raise ValueError("several processes score the seeded sample of RAGTruth's test answers, not given samples")
     scorer = detector._scorer()
     sm = scorer.model
     samples, views = _by_length(scorer, seeded_sample(n, seed) if samples is None else samples)
     scorer.batch_size = None
     if processes > 1:
-        whole = _rate_of_processes(sm, processes, len(samples), seed, repeats)
+        whole = _rate_of_processes(sm, processes, samples, repeats)
     else:
         throughput(detector, samples[:8], None)  # warm-up
         whole = sorted(throughput(detector, samples, None) for _ in range(repeats))[repeats // 2]
@@ -257,7 +255,7 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     return row
 
 
-def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> float:
+def _rate_of_processes(sm, processes: int, samples: list, repeats: int) -> float:
     """:func:`batched_rate`'s answers/s of ``processes`` processes sharing ``sm``'s device: each says when it is
     warm, all start together, each reports its span. A process that fails, or dies before it reports (a script
     that starts this without ``if __name__ == "__main__"``: each new interpreter runs it again), stops the measure
@@ -272,7 +270,7 @@ def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> f
     go, messages = ctx.Event(), ctx.Queue()
     model = sm.name if sm.name in registry.MODELS else sm.path
     threads = max(1, torch.get_num_threads() // processes)  # on a CPU, each its share of the cores
-    workers = [ctx.Process(target=_score_in_process, args=(model, str(sm.device), sm.dtype, n, seed, repeats,
+    workers = [ctx.Process(target=_score_in_process, args=(model, str(sm.device), sm.dtype, samples, repeats,
                                                           threads, 1 / processes, go, messages), daemon=True)
                for _ in range(processes)]
 
@@ -305,7 +303,7 @@ def _rate_of_processes(sm, processes: int, n: int, seed: int, repeats: int) -> f
     return sum(count for _, _, count in spans) / (max(end for _, end, _ in spans) - min(start for start, _, _ in spans))
 
 
-def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, repeats: int, threads: int,
+def _score_in_process(model: str, device: str, dtype: str, samples: list, repeats: int, threads: int,
                       share: float, go, messages) -> None:
     """One of :func:`_rate_of_processes`' processes, with ``threads`` CPU threads and ``share`` of its GPU's memory:
     puts ``None`` once warm, then ``(start, end, answers scored)``; or the line of the error that stopped it."""
@@ -323,7 +321,7 @@ def _score_in_process(model: str, device: str, dtype: str, n: int, seed: int, re
         detector = _default_detector(sm)
         scorer = detector._scorer()
         scorer.batch_size = None
-        samples, _ = _by_length(scorer, seeded_sample(n, seed))
+        samples, _ = _by_length(scorer, samples)
         throughput(detector, samples[:8], None)  # warm-up
         messages.put(None)
         go.wait()
