@@ -861,7 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "of it whose probabilities are calibrated on them (Platt scaling; they then "
                                    "assume your share of hallucinated answers) and whose threshold holds the "
                                    "false-positive rate you ask for (split-conformal; without --target-fpr, the "
-                                   "best F1 on your answers). `halwatch score --detector` and `halwatch serve "
+                                   "best F1 on your answers). Without labels, --prior restates the probabilities "
+                                   "for a share of hallucinated answers you state or that is estimated from your "
+                                   "answers, keeping every verdict. `halwatch score --detector` and `halwatch serve "
                                    "--detector` load the result.")
     p.add_argument("--detector", default="default", help="shipped artifact name or artifact file (default: default)")
     _add_labelled_options(p)
