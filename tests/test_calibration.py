@@ -117,7 +117,7 @@ def test_every_supervised_detector_can_be_fitted_again(scorer, probe):
 def test_a_share_is_not_estimated_from_too_few_answers_or_at_a_bound():
     """`calibrate --prior estimate` refuses what label shift cannot explain: fewer than 20 answers, or scores whose
     likelihood is highest with no (or only) hallucinated answers; a fair case gives an interval around the estimate."""
-    from halwatch.detectors.base import estimated_share
+    from halwatch.detectors.calibration import estimated_share
     from halwatch.errors import InputError
 
     with pytest.raises(InputError, match="too few"):

@@ -14,8 +14,7 @@ import numpy as np
 from scipy.special import expit
 
 from halwatch.data.splits import split_of
-from halwatch.detectors.base import estimated_share
-from halwatch.detectors.calibration import estimate_prior, logit
+from halwatch.detectors.calibration import estimate_prior, estimated_share, logit
 from halwatch.errors import InputError
 from halwatch.eval.metrics import expected_calibration_error as ece
 from halwatch.eval.protocols import load_dataset

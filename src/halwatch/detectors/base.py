@@ -33,7 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from halwatch.detectors.calibration import Calibrator, best_f1_threshold
+from halwatch.detectors.calibration import Calibrator, best_f1_threshold, estimated_share
 from halwatch.detectors.linear import folds_of
 from halwatch.detectors.spans import PLAIN, fit_span_confidence, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
@@ -140,34 +140,6 @@ def check_confidence(value) -> float:
     if not 0.0 <= value <= 1.0:
         raise InputError(f"min_span_confidence must be in [0, 1], not {value:g}")
     return value
-
-
-#: The fewest unlabelled answers :meth:`Detector.restate_prior` estimates a share from.
-MIN_FOR_SHARE = 20
-
-
-def estimated_share(probs, assumed: float, resamples: int = 200) -> dict:
-    """The share of hallucinated answers among unlabelled answers with probabilities ``probs`` (which assume
-    ``assumed``): :func:`~halwatch.detectors.calibration.estimate_prior`, with the 5th and 95th percentiles of its
-    estimates on ``resamples`` bootstrap resamples (seeded). Refuses fewer than :data:`MIN_FOR_SHARE` answers and an
-    estimate at 0 or 1: the scores then do not look like the training answers in another proportion."""
-    from halwatch.detectors.calibration import estimate_prior
-
-    probs = np.asarray(probs, dtype=float)
-    if len(probs) < MIN_FOR_SHARE:
-        raise InputError(f"{len(probs)} answers are too few to estimate their share of hallucinated ones: give at "
-                         f"least {MIN_FOR_SHARE}")
-    estimate = estimate_prior(probs, assumed)
-    if not 0.01 <= estimate <= 0.99:
-        raise InputError(f"the scores of these {len(probs)} answers do not fit the training answers in another "
-                         f"proportion (estimated share of hallucinated ones: {estimate:.3f}); state the share "
-                         f"instead, or calibrate on labelled answers")
-    rng, chunk = np.random.default_rng(0), max(1, 2_000_000 // len(probs))  # resamples at once: memory stays small
-    found = np.concatenate([estimate_prior(probs[rng.integers(0, len(probs), size=(min(chunk, resamples - i),
-                                                                                   len(probs)))], assumed)
-                            for i in range(0, resamples, chunk)])
-    low, high = np.percentile(found, [5, 95])
-    return {"estimate": estimate, "interval": [float(low), float(high)], "n": int(len(probs))}
 
 
 class Detector:
@@ -440,12 +412,10 @@ class Detector:
         return report
 
     def assumed_prior(self) -> float:
-        """The share of hallucinated answers this detector's probabilities assume: the calibration's ``prior``, or
-        in an artifact written before that was kept, the share of its training answers."""
+        """The share of hallucinated answers this detector's probabilities assume: the calibration's ``prior`` (for
+        an artifact written before that was kept, :meth:`from_dict` sets the share of its training answers)."""
         if "prior" in self.calibrator.params:
             return float(self.calibrator.params["prior"])
-        if self.fitted_on.get("n"):
-            return self.fitted_on["n_hallucinated"] / self.fitted_on["n"]
         raise HalwatchError(f"detector {self.name!r}: the artifact does not say which share of hallucinated answers "
                             f"its probabilities assume; fit it again")
 
@@ -464,7 +434,6 @@ class Detector:
 
         self._require_fitted()
         report = {"assumed": self.assumed_prior()}
-        self.calibrator.params.setdefault("prior", report["assumed"])  # (artifacts written before it was kept)
         if prior is None:
             report |= estimated_share(probs, report["assumed"])
             prior = report["estimate"]
@@ -653,6 +622,8 @@ class Detector:
             raise HalwatchError(f"detector {d['detector']!r} was fitted on older definitions of the signals {stale} "
                                 f"(this halwatch computes {now}): fit it again (`halwatch fit`)")
         det.fitted_on = d.get("fitted_on", {})
+        if "prior" not in det.calibrator.params and det.fitted_on.get("n"):  # written before the prior was kept:
+            det.calibrator.params["prior"] = det.fitted_on["n_hallucinated"] / det.fitted_on["n"]  # its training's
         det.set_state(d.get("state", {}))
         if scorer is not None and det.identity:
             for key in ("input_mode", "weights_sha256"):  # the mode first: its refusal comes before the model loads

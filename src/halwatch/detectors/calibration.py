@@ -153,6 +153,32 @@ def estimate_prior(probs, assumed: float, tol: float = 1e-7, max_iter: int = 200
     return q if np.ndim(probs) > 1 else float(q[0])
 
 
+#: The fewest unlabelled answers :meth:`halwatch.detectors.base.Detector.restate_prior` estimates a share from.
+MIN_FOR_SHARE = 20
+
+
+def estimated_share(probs, assumed: float, resamples: int = 200) -> dict:
+    """The share of hallucinated answers among unlabelled answers with probabilities ``probs`` (which assume
+    ``assumed``): :func:`estimate_prior`, with the 5th and 95th percentiles of its estimates on ``resamples``
+    bootstrap resamples (seeded). Refuses fewer than :data:`MIN_FOR_SHARE` answers and an estimate at 0 or 1: the
+    scores then do not look like the training answers in another proportion."""
+    probs = np.asarray(probs, dtype=float)
+    if len(probs) < MIN_FOR_SHARE:
+        raise InputError(f"{len(probs)} answers are too few to estimate their share of hallucinated ones: give at "
+                         f"least {MIN_FOR_SHARE}")
+    estimate = estimate_prior(probs, assumed)
+    if not 0.01 <= estimate <= 0.99:
+        raise InputError(f"the scores of these {len(probs)} answers do not fit the training answers in another "
+                         f"proportion (estimated share of hallucinated ones: {estimate:.3f}); state the share "
+                         f"instead, or calibrate on labelled answers")
+    rng, chunk = np.random.default_rng(0), max(1, 2_000_000 // len(probs))  # resamples at once: memory stays small
+    found = np.concatenate([estimate_prior(probs[rng.integers(0, len(probs), size=(min(chunk, resamples - i),
+                                                                                   len(probs)))], assumed)
+                            for i in range(0, resamples, chunk)])
+    low, high = np.percentile(found, [5, 95])
+    return {"estimate": estimate, "interval": [float(low), float(high)], "n": int(len(probs))}
+
+
 def best_f1_threshold(scores, labels) -> float:
     """The threshold ``t`` (predict 1 when ``score >= t``) with the highest F1 on the given data.
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.detectors.base import ARTIFACT_FORMAT, MIN_FOR_SHARE, Detector, check_confidence, groups_of
-from halwatch.detectors.calibration import logit
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of
+from halwatch.detectors.calibration import MIN_FOR_SHARE, logit
 from halwatch.detectors.fused import Fused
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import Signals

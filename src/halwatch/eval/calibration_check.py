@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from halwatch.detectors.base import estimated_share
-from halwatch.detectors.calibration import estimate_prior
+from halwatch.detectors.calibration import estimate_prior, estimated_share
 from halwatch.errors import InputError
 from halwatch.eval.metrics import expected_calibration_error
 from halwatch.eval.protocols import load_dataset, source_commit
@@ -101,10 +100,8 @@ def _write(rows: list[dict], out, commit: str) -> None:
 
 
 def _as_prior(part, raw, prior: float) -> np.ndarray:
-    """The probabilities ``part`` gives ``raw`` once they assume ``prior`` (its calibration restated)."""
-    from halwatch.detectors.calibration import Calibrator
-
-    calibrator = Calibrator.from_dict({"prior": part.assumed_prior(), **part.calibrator.to_dict()})
+    """The probabilities ``part`` gives ``raw`` once they assume ``prior`` (a copy of its calibration restated)."""
+    calibrator = copy.deepcopy(part.calibrator)
     calibrator.restate(float(prior))
     return calibrator.transform(raw)
 
@@ -123,18 +120,16 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
     rng = np.random.default_rng(0)
     for name, samples, part, raw in _scored(detector, datasets, split, scorer_options):
         labels = np.array([s.label for s in samples])
-        assumed = part.assumed_prior()
+        assumed, probs = part.assumed_prior(), part.calibrator.transform(raw)
 
         def errors(idx, estimate):
-            probs = part.calibrator.transform(raw[idx])
             return [expected_calibration_error(labels[idx], p) for p in
-                    (probs, _as_prior(part, raw[idx], estimate), _as_prior(part, raw[idx], labels[idx].mean()))]
+                    (probs[idx], _as_prior(part, raw[idx], estimate), _as_prior(part, raw[idx], labels[idx].mean()))]
 
         try:  # as halwatch calibrate --prior estimate would find it
-            found = estimated_share(part.calibrator.transform(raw), assumed)
+            found = estimated_share(probs, assumed)
         except InputError as err:  # refused: an estimate at 0 or 1
-            found = {"estimate": estimate_prior(part.calibrator.transform(raw), assumed), "interval": None,
-                     "refused": str(err)}
+            found = {"estimate": estimate_prior(probs, assumed), "interval": None, "refused": str(err)}
         fitted, restated, best = errors(np.arange(len(labels)), found["estimate"])
         row = {"dataset": name, "split": split, "n": int(len(labels)), "assumed": round(assumed, 4),
                "share": round(float(labels.mean()), 4), "estimate": round(found["estimate"], 4),
@@ -149,7 +144,7 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
             found = []
             for _ in range(draws):
                 idx = np.r_[rng.choice(pos, n_pos, replace=False), rng.choice(neg, n - n_pos, replace=False)]
-                estimate = estimate_prior(part.calibrator.transform(raw[idx]), assumed)
+                estimate = estimate_prior(probs[idx], assumed)
                 found.append([estimate, *errors(idx, estimate)])
             found = np.array(found)
             row["resampled"].append({"share": share, "n": n, "estimate_mean": round(float(found[:, 0].mean()), 4),
