@@ -64,15 +64,19 @@ def rule_spans(view: TokenView, tokens, prob: float, decision: float, threshold:
     """The word spans of one response under ``rule`` at ``threshold`` (``prob``: the response's probability of
     hallucination; ``decision``: the detector's decision threshold). With ``calibration``
     (:func:`fit_span_confidence`) each span's ``confidence`` is its calibrated probability, and spans below
-    ``min_confidence`` are dropped."""
+    ``min_confidence`` are dropped. Confidences are rounded to 4 places, as scores are: the float32 rounding of a
+    batch (a GRU over padded answers) must not make a span's confidence differ from that of its answer scored
+    alone."""
     scores = gated(tokens, prob, decision, rule)
     if scores is None:
         return []
     spans = view.spans(scores, threshold, rule["gap"])
-    if calibration is not None:
-        for span in spans:
+    for span in spans:
+        confidence = span["confidence"]
+        if calibration is not None:
             n_words = max(1, view.word_count(span["start"], span["end"]))
-            span["confidence"] = round(float(span_confidence(calibration, span["confidence"], n_words)[0]), 4)
+            confidence = span_confidence(calibration, confidence, n_words)[0]
+        span["confidence"] = round(float(confidence), 4)
     return [span for span in spans if span["confidence"] >= min_confidence]
 
 
