@@ -85,9 +85,9 @@ def ragtruth_train():
 @pytest.fixture(scope="session")
 def probe(ragtruth_train):
     """20 hallucinated + 20 grounded llama-2-7b-chat training answers (the first of each in file order whose
-    response is under 700 characters, so that every one fits the tests' 512-token cap; a long context is scored in
-    windows)."""
-    short = [s for s in ragtruth_train if len(s.response) < 700]
+    response is under 600 characters and prompt under 2,000, so that most fit the tests' 512-token cap in one view;
+    12 longer ones are scored in 2 windows each)."""
+    short = [s for s in ragtruth_train if len(s.response) < 600 and len(s.prompt) < 2000]
     pos = [s for s in short if s.label == 1][:20]
     neg = [s for s in short if s.label == 0][:20]
     return pos + neg

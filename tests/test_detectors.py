@@ -46,7 +46,7 @@ EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "se
 def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, short_answers, tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
     if name in EXPENSIVE:  # a pass of their own (relevance, every token's rows, sampling): 4 + 4 SQuAD-built
-        probe, held_out = short_answers  # answers of short passages, and 2 held out (test_lrp4rag.py's lrp_probe)
+        probe, held_out = short_answers  # answers of short passages, and 2 held out (as test_lrp4rag.py's)
     else:  # answers whose context fits the 512-token cap: one view each (longer ones are windowed, test_windows.py)
         held_out = [s for s in ragtruth_train[200:260] if len(s.response) < 800 and not scorer.encode(s).cut_chars][:6]
     det = create_detector(name, scorer=scorer, **{k: v for k, v in small.items()

@@ -216,27 +216,21 @@ def test_relevance_shares_the_pass_with_other_signals(smol, scorer):
     assert both.relevance["logits"].shape == (view.n_response,)
 
 
-@pytest.fixture(scope="module")
-def lrp_probe(short_answers):
-    """Four hallucinated and four grounded SQuAD-built answers of short passages (conftest's ``short_answers``):
-    relevance costs several passes per answer."""
-    return short_answers[0]
-
-
-def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, lrp_probe, tmp_path):
+def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, short_answers, tmp_path):
+    answers = short_answers[0]  # four hallucinated and four grounded SQuAD-built answers: relevance is dear
     for kind in ("svm", "mlp", "random_forest", "threshold"):
-        det = create_detector("lrp4rag", scorer=scorer, classifier=kind, length=32).fit(lrp_probe)
-        probs = det.score(lrp_probe)
+        det = create_detector("lrp4rag", scorer=scorer, classifier=kind, length=32).fit(answers)
+        probs = det.score(answers)
         assert probs.shape == (8,) and np.all((probs > 0) & (probs < 1))
         assert det.identity["scoring_model"] == "smollm2-135m" and det.identity["dtype"] == "float32"
         if kind != "threshold" and det.calibrator.params["coef"] > 0:  # the classifier's own decision
-            raw = det.raw_scores(det._signals(lrp_probe))
+            raw = det.raw_scores(det._signals(answers))
             assert np.array_equal(probs >= det.threshold, raw >= (0.0 if kind == "svm" else 0.5))
         det.save(tmp_path / f"{kind}.json")
         again = load_detector(str(tmp_path / f"{kind}.json"), scorer=scorer)
-        assert again.score(lrp_probe) == pytest.approx(probs)
-    spans = det.spans(lrp_probe[0])
-    assert all(0 <= s["start"] < s["end"] <= len(lrp_probe[0].response) for s in spans)
+        assert again.score(answers) == pytest.approx(probs)
+    spans = det.spans(answers[0])
+    assert all(0 <= s["start"] < s["end"] <= len(answers[0].response) for s in spans)
     assert json.loads((tmp_path / "svm.json").read_text())["settings"]["classifier"] == "svm"
 
 
@@ -260,8 +254,8 @@ def test_exported_classifiers_equal_scikit_learn():
         classifiers.fit("knn", x, y)
 
 
-def test_lstm_over_resampled_matrix(scorer, lrp_probe):
-    few = lrp_probe[:2] + lrp_probe[4:6]
+def test_lstm_over_resampled_matrix(scorer, short_answers):
+    few = short_answers[0][:2] + short_answers[0][4:6]
     det = create_detector("lrp4rag", scorer=scorer, classifier="lstm", rows=2, length=16, epochs=2)
     assert det.request().relevance.rows == 2
     det.fit(few)

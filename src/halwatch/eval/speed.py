@@ -237,7 +237,8 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     work per answer is Python, one core per process; with several processes the device's queue stays full."""
     scorer = detector._scorer()
     sm = scorer.model
-    samples, views = _by_length(scorer, seeded_sample(n, seed) if samples is None else samples)
+    given = samples
+    samples, views = _by_length(scorer, seeded_sample(n, seed) if given is None else given)
     scorer.batch_size = None
     if processes > 1:
         whole = _rate_of_processes(sm, processes, samples, repeats)
@@ -249,7 +250,8 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     row = {"answers": len(samples), "batches": len(batches), "processes": processes, "answers_per_s": whole,
            "plain_forward_answers_per_s": forward_rate, "ratio": whole / forward_rate}
     who = f"{processes} processes together" if processes > 1 else "one process"
-    out(f"\n{detector.name} on {len(samples)} RAGTruth test answers in {len(batches)} batches (--batch-size auto; "
+    what = "RAGTruth test answers" if given is None else "given answers"
+    out(f"\n{detector.name} on {len(samples)} {what} in {len(batches)} batches (--batch-size auto; "
         f"{sm.device}, {sm.dtype}), {who}: {whole:.1f} answers/s; a plain forward of the same batches: "
         f"{forward_rate:.1f} answers/s; whole path / plain forward: {row['ratio']:.2f}")
     return row
