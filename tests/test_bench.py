@@ -38,7 +38,9 @@ def datasets(tmp_path_factory, ragtruth_train):
 
 
 @pytest.fixture(scope="module")
-def bench(smol, signal_cache):
+def bench(smol, signal_cache, scorer):
+    """The harness on the session's cache, after the probe's white-box pass (``scorer``): that pass holds the 16
+    llama-2-7b-chat training answers of ``datasets``, and serves the harness's request from the cache."""
     return Bench(Scorer(model=smol, max_tokens=512, cache=signal_cache), DETECTORS, progress=False)
 
 
