@@ -94,6 +94,23 @@ def test_a_span_covers_whole_words_whatever_tokens_score(smol):
     assert spans[0]["confidence"] == 0.9
 
 
+def test_a_span_confidence_is_given_to_four_places_calibrated_or_not(smol):
+    """Token scores that differ below 5e-5 (a padded batch's float32 rounding against the answer alone) give equal
+    spans: the confidence is rounded as the scores are, raw or calibrated."""
+    response = "It was designed by Napoleon Bonaparte."
+    view = encode(Sample(prompt="p", response=response), smol.tokenizer)
+    alone = np.zeros(view.n_response)
+    alone[[i for i, (a, b) in enumerate(view.offsets) if b > response.index("Napoleon")]] = 0.4992279537
+    batched = np.where(alone > 0, 0.4992279618, 0.0)
+    calibration, _ = fit_span_confidence([alone, alone * 1.8], [view, view], np.array([0.9, 0.9]), 0.5, 0.3,
+                                         dict(PLAIN))
+    for cal in (None, calibration):
+        spans = [rule_spans(view, t, 0.9, 0.5, 0.3, dict(PLAIN), cal) for t in (alone, batched)]
+        assert spans[0] == spans[1] and len(spans[0]) == 1
+        assert spans[0][0]["confidence"] == round(spans[0][0]["confidence"], 4)
+    assert spans[0][0]["text"] == "Napoleon Bonaparte"
+
+
 def test_span_confidence_is_calibrated_on_the_probe_spans(smol):
     """On probe answers where spans of a higher raw score hit a human span more often, the fitted confidence rises
     with the raw score, and its mean over the probe's spans equals the share of them that hit (a logistic
