@@ -53,13 +53,14 @@ def test_attention_rows_of_all_tokens(smol, probe):
 def test_reducers_equal_the_numpy_references_on_eager_maps(smol, probe, mode):
     """The torch reducers of the pass (lookback, MTop-Div, diagonal, sink) against the NumPy references, written
     from the formulas, on transformers' eager attention maps of the same input: equal within 1e-5."""
-    from halwatch.signals.lookback import lookback_ratios
+    from halwatch.signals.lookback import copy_mass, lookback_ratios
 
     scorer = Scorer(model=smol, input_mode=mode, max_tokens=300, cache=None)
     view = scorer.encode(probe[2])
     assert view.n_header > 0  # RAGTruth's "\noutput:" line, or the chat template's assistant header
     heads = ((0, 3), (17, 2), (21, 6), (29, 8))
-    sig = scorer.signals([probe[2]], SignalRequest(heads=heads, reducers=("diag", "lookback", "mtopdiv", "sink")))[0]
+    sig = scorer.signals([probe[2]], SignalRequest(heads=heads, reducers=("copy", "diag", "lookback", "mtopdiv",
+                                                                          "sink")))[0]
     maps = _eager(smol, view).attentions
     p, n = view.n_prompt, len(view.input_ids)
     full = np.stack([maps[layer][0, head].numpy() for layer, head in heads]).astype(np.float64)  # [H, n, n]
@@ -71,6 +72,9 @@ def test_reducers_equal_the_numpy_references_on_eager_maps(smol, probe, mode):
                                atol=1e-5)
     np.testing.assert_allclose(sig.reduced["diag.w"], full[:, p + r, p + r], atol=1e-5)
     np.testing.assert_allclose(sig.reduced["sink.w"], full[:, p:, 0], atol=1e-5)
+    copied = copy_mass(full[:, p - 1 : n - 1], view.input_ids, p, view.n_header)
+    np.testing.assert_allclose(sig.reduced["copy.mass"], copied, atol=1e-5)
+    assert copied.max() > 0.1 and (copied == 0).any()  # heads that copy, and tokens that occur nowhere before
 
 
 def test_mst_reducer_equals_the_numpy_reference(smol, probe):
@@ -105,7 +109,7 @@ def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe, group
     computed for all of them at once (as on a GPU; and one at a time, as on a CPU), against each answer's own eager
     attention maps and hidden states (unpadded, one at a time) and the NumPy references written from the papers'
     formulas."""
-    from halwatch.signals.lookback import lookback_ratios
+    from halwatch.signals.lookback import copy_mass, lookback_ratios
     from halwatch.signals.topology import mst_length
 
     monkeypatch.setattr(forward, "CPU_GROUP", group)
@@ -116,7 +120,7 @@ def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe, group
     assert len({v.n_prompt for v in views}) > 1 and len({v.n_response for v in views}) > 1
     heads = ((0, 3), (17, 2), (29, 8))
     req = SignalRequest(token_stats=True, hidden_layers=(15, 30), hidden_pool="mean_last", token_hidden_layers=(15,),
-                        heads=heads, reducers=("diag", "lookback", "mtopdiv", "sink"))
+                        heads=heads, reducers=("copy", "diag", "lookback", "mtopdiv", "sink"))
     every_row = SignalRequest(heads=heads, reducers=("mst",), attention_from="all", keep_attention=True)
     signals = scorer.signals(samples, req, views=views)
     rows = scorer.signals(samples, every_row, views=views)
@@ -132,6 +136,8 @@ def test_every_signal_of_a_padded_batch_equals_the_references(smol, probe, group
         np.testing.assert_allclose(sig.reduced["mtopdiv.token_weights"], topo.token_weights, atol=1e-5)
         np.testing.assert_allclose(sig.reduced["diag.w"], full[:, p + r, p + r], atol=1e-5)
         np.testing.assert_allclose(sig.reduced["sink.w"], full[:, p:, 0], atol=1e-5)
+        np.testing.assert_allclose(sig.reduced["copy.mass"], copy_mass(full[:, p - 1 : n - 1], view.input_ids, p,
+                                                                        view.n_header), atol=1e-5)
         np.testing.assert_allclose(all_rows.attention, full, atol=2e-5)
         np.testing.assert_allclose(all_rows.reduced["mst.d"], mst_length(full, p).d, atol=1e-5)
         logp = torch.log_softmax(ref.logits[0, p - 1 : -1].float(), -1)

@@ -11,7 +11,8 @@ assistant header) counts as new tokens, as the reference's ``\n#Answer#:`` does.
     ratio_i = mean(w[:c]) / (mean(w[:c]) + mean(w[c : q_i + 1]))
 
 The forward pass computes this in torch (:func:`halwatch.signals.reducers.lookback`); this function, written
-directly from the formula, is the reference the tests compare it with.
+directly from the formula, is the reference the tests compare it with; :func:`copy_mass` is the same for the copy
+reducer (:func:`halwatch.signals.reducers.copy`), which reads the same rows.
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ def lookback_ratios(step_rows, n_prompt: int, n_header: int = 0) -> np.ndarray:
         on_new = rows[:, i, c : query + 1].mean(axis=1)
         total = on_context + on_new
         out[:, i] = np.divide(on_context, total, out=np.full_like(total, 0.5), where=total > 0)
+    return out
+
+
+def copy_mass(step_rows, input_ids, n_prompt: int, n_header: int = 0) -> np.ndarray:
+    """Attention of every head's step ``i`` (rows as :func:`lookback_ratios` takes them) on the context tokens equal
+    to the response token ``y_i = input_ids[n_prompt + i]`` it generates, the context being the first
+    ``n_prompt - max(n_header, 1)`` tokens -> ``[H, R]``."""
+    rows = np.asarray(step_rows, dtype=np.float64)
+    ids = np.asarray(input_ids)
+    c = n_prompt - max(n_header, 1)
+    out = np.zeros(rows.shape[:2])
+    for i in range(rows.shape[1]):
+        same = np.flatnonzero(ids[:c] == ids[n_prompt + i])
+        out[:, i] = rows[:, i, same].sum(axis=1)
     return out
 
 

@@ -44,6 +44,7 @@ class Rows:
     ``n_prompt[b]`` are the prompt, whose last ``n_header[b]`` tokens are the answer header (the ``\\noutput:``
     line, or the chat template's assistant header), which Lookback Lens counts with the new tokens, not with the
     context. Rows past a sample's last query repeat real rows, and keys past its length weigh 0: padding.
+    ``ids`` holds each sample's token ids, for reducers that compare keys with the tokens generated (``copy``).
 
     The layout (the four tuples of ints) is the batch's; the forward pass sets ``probs`` for each layer, and the
     layout's tensors on the device are made once per batch (:meth:`tensor`)."""
@@ -54,6 +55,7 @@ class Rows:
     length: tuple
     probs: object = None  # torch.Tensor [B, H, Q, K]
     device: object = None  # where the layout's tensors go when there are no ``probs`` (the GPU kernel's path)
+    ids: tuple = ()  # each sample's token ids (a tuple of ints per sample)
 
     def __post_init__(self):
         self._tensors = {}
@@ -70,12 +72,17 @@ class Rows:
         return max(n - p for n, p in zip(self.length, self.n_prompt))
 
     def tensor(self, name: str):
-        """``[B]`` long tensor of a layout field (or ``n_response``) on the device of ``probs``."""
+        """``[B]`` long tensor of a layout field (or ``n_response``) on the device of ``probs``; ``"ids"``: the
+        token ids ``[B, max length]``, -1 past a sample's length."""
 
         key = (name, self.where)
         if key not in self._tensors:
-            values = ([n - p for n, p in zip(self.length, self.n_prompt)] if name == "n_response"
-                      else getattr(self, name))
+            if name == "ids":
+                longest = max(self.length)
+                values = [list(ids) + [-1] * (longest - len(ids)) for ids in self.ids]
+            else:
+                values = ([n - p for n, p in zip(self.length, self.n_prompt)] if name == "n_response"
+                          else getattr(self, name))
             self._tensors[key] = on_device(values, self.where)
         return self._tensors[key]
 
@@ -226,6 +233,33 @@ def diag(rows: Rows) -> dict:
 def sink(rows: Rows) -> dict:
     """Attention of each response token on the first token of the input (the attention sink), ``w [B, H, R]``."""
     return {"w": rows.response()[..., 0]}
+
+
+@reducer("copy", version=1)
+def copy(rows: Rows) -> dict:
+    """Copy attention of every head at every response step: ``mass [B, H, R]``, the attention that the query
+    generating response token ``y_i`` (the one Lookback Lens reads, :func:`lookback`) puts on the context keys that
+    hold the same token as ``y_i``:
+
+        mass_i = sum over k < c with x_k = y_i of w_i[k],   c = n_prompt - max(n_header, 1)
+
+    A head that copies (or an induction head, which attends to the token after an earlier occurrence of the current
+    one) puts its mass on the token it is about to emit; a generated token that no head looked up in the context
+    has a mass near 0 everywhere, whether or not the token occurs there. halwatch's own alignment signal for the
+    token model (issue 33's "attention mass on its best-matching context tokens"), not a published method's.
+    O(H R n), no R x R product.
+    """
+    import torch
+
+    w = rows.steps()
+    b, h, r, k = w.shape
+    ids = rows.tensor("ids")[:, :k]  # [B, K]
+    n_prompt, n_ctx = rows.tensor("n_prompt"), context_length(rows)
+    steps = torch.arange(r, device=w.device)[None, :]
+    generated = ids.gather(1, (n_prompt[:, None] + steps).clamp(max=ids.shape[1] - 1))  # [B, R]
+    on_context = (_keys(rows)[None, :] < n_ctx[:, None])[:, None, :]  # [B, 1, K]
+    match = ((ids[:, None, :] == generated[:, :, None]) & on_context).to(w.dtype)  # [B, R, K]
+    return {"mass": (w * match[:, None]).sum(-1)}
 
 
 def _prim(dist, key, blocked, weights: bool = False):
