@@ -100,12 +100,16 @@ def test_cached_whitebox_pass_serves_covered_requests(smol, probe, tmp_path, mon
     real_run = forward.run
     monkeypatch.setattr(forward, "run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     toha_like = SignalRequest(heads=((21, 6), (19, 0)), reducers=("mtopdiv",))
+    views = [scorer.encode(s) for s in probe[:3]]
+    assert scorer.cached(views, toha_like) == [True, True, False]  # what signals() will read, before it does
     served = scorer.signals(probe[:2], toha_like)
     assert calls == []
     for a, b in zip(full, served):
         np.testing.assert_array_equal(a.head_values("mtopdiv.d", [(19, 0)]), b.head_values("mtopdiv.d", [(19, 0)]))
-    scorer.signals(probe[:1], SignalRequest(heads=((0, 0),), keep_attention=True))  # not covered: computed
-    assert calls == [1]
+    rows = SignalRequest(heads=((0, 0),), keep_attention=True)
+    assert scorer.cached(views[:1], rows) == [False]
+    scorer.signals(probe[:1], rows)  # not covered: computed
+    assert calls == [1] and scorer.cached(views[:1], rows) == [True]
 
 
 def test_a_changed_signal_definition_is_not_read_from_the_cache(smol, probe, tmp_path, monkeypatch):

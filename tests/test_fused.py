@@ -93,3 +93,31 @@ def test_distance_from_the_training_data(scorer, probe, fitted):
     assert far["extrapolated"] and far["percentile"] == 1.0 and far["distance"] > 40
     verdict = fitted.verdicts([scorer.encode(probe[0])], signals[:1])[0]
     assert set(verdict["ood"]) == {"distance", "percentile", "extrapolated"}
+
+
+def test_copy_attention_widens_the_token_model_and_survives_a_reload(scorer, short_answers, tmp_path):
+    """``copy=true``: the pass adds every head's copy attention (the reducer is checked against eager maps in
+    test_forward.py) and each token's features gain exactly that block; a detector fitted so reloads from its
+    artifact with the setting and scores as before; a value that is not a boolean is refused."""
+    from halwatch.detectors import load_detector
+    from halwatch.models.forward import whitebox_request
+
+    fit, held_out = short_answers
+    plain = create_detector("fused", scorer, folds=2)
+    copying = create_detector("fused", scorer, folds=2, copy=True)
+    assert "copy" not in plain.settings and plain.request() == whitebox_request(scorer.model)
+    assert copying.request().covers(plain.request()) and "copy" in copying.request().reducers
+    sig = scorer.signals(held_out[:1], copying.request())[0]
+    heads = scorer.model.all_heads()
+    wide, narrow = copying.token_features(sig), plain.token_features(sig)
+    assert wide.shape == (sig.n_response, narrow.shape[1] + len(heads))
+    np.testing.assert_array_equal(wide[:, :narrow.shape[1]], narrow)
+    np.testing.assert_allclose(wide[:, narrow.shape[1]:], sig.head_values("copy.mass", heads).T, rtol=1e-6)
+
+    copying.fit(fit)
+    copying.save(tmp_path / "copy.json")
+    again = load_detector(str(tmp_path / "copy.json"), scorer=scorer)
+    assert again.settings["copy"] is True
+    np.testing.assert_allclose(again.score(held_out), copying.score(held_out), atol=1e-6)
+    with pytest.raises(ValueError, match="copy: true or false"):
+        create_detector("fused", scorer, copy="yes")

@@ -63,6 +63,10 @@ class SignalCache:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.npz"
 
+    def has(self, key: str) -> bool:
+        """Whether an entry is there (not whether it reads)."""
+        return self._path(key).exists()
+
     def get(self, key: str) -> Signals | None:
         path = self._path(key)
         if not path.exists():

@@ -115,6 +115,15 @@ class Scorer:
         return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
                           request, n_header=view.n_header, dtype=self.model.dtype)
 
+    def cached(self, views: list[TokenView], request: SignalRequest) -> list[bool]:
+        """Whether each view's signals for ``request`` are in the cache (its own entry, or the white-box pass's
+        where that covers the request): what :meth:`signals` would read instead of computing."""
+        if self.cache is None:
+            return [False] * len(views)
+        whitebox = forward.whitebox_request(self.model)
+        others = [request] + ([whitebox] if whitebox != request and whitebox.covers(request) else [])
+        return [any(self.cache.has(self._key(v, r)) for r in others) for v in views]
+
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
         """One batch: the forward pass (when the request asks for anything from it), then any sampled answers and
         any ``extra`` pass of a detector module."""

@@ -21,10 +21,12 @@ and log self-attention of every head, the middle layer's hidden state, surprisal
 the token's lexical support flags), trained on the human span labels (a token is hallucinated when it overlaps a gold
 span; an answer labelled hallucinated without spans is left out of this loss). ``token_kind="bigru"`` (the default)
 reads the answer's tokens in both directions (:mod:`halwatch.detectors.sequence`), so that each token is judged with
-its neighbours; ``"linear"`` is a logistic regression on each token alone, its probabilities smoothed over ``smooth``
-neighbouring tokens. The token probabilities are the detector's token scores and give its spans; their maximum,
-top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a whole-answer
-mean dilutes them).
+its neighbours; with ``copy=true`` each token also has every head's copy attention (the attention that the step
+generating it puts on the context tokens equal to it, :func:`halwatch.signals.reducers.copy`), an alignment of the
+answer with its context; ``"linear"`` is a logistic regression on each token alone, its probabilities smoothed over
+``smooth`` neighbouring tokens. The token probabilities are the detector's token scores and give its spans; their
+maximum, top-``pool_k`` mean and mean over the answer feed the answer-level model (hallucinations are short: a
+whole-answer mean dilutes them).
 
 The answer score is a stacked logistic regression over the families' log-odds, the pooled token scores and the log
 response length as an explicit feature (its coefficient is reported: the detector must beat length, not rediscover
@@ -77,7 +79,8 @@ class Fused(Detector):
     def __init__(self, scorer=None, calibration: str = "platt", C: float | str = "cv", token_C: float | str = "cv",
                  folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
                  drop: tuple | list | str = (), balance: bool = False, token_kind: str = "bigru",
-                 token_epochs: int = sequence.EPOCHS, token_hidden: int = sequence.HIDDEN, **settings):
+                 token_epochs: int = sequence.EPOCHS, token_hidden: int = sequence.HIDDEN, copy: bool = False,
+                 **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
             drop = [part for part in drop.split("+") if part]
         unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
@@ -90,7 +93,8 @@ class Fused(Detector):
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
                          balance=bool(balance), token_kind=token_kind, token_epochs=int(token_epochs),
-                         token_hidden=int(token_hidden), **settings)
+                         token_hidden=int(token_hidden), **({"copy": True} if _flag(copy, "copy") else {}),
+                         **settings)
         self.families: dict = {}
         self.token_model: dict | None = None
         self.stacker: dict = {}
@@ -102,7 +106,7 @@ class Fused(Detector):
         return model.all_heads(), model.n_layers // 2, model.n_layers
 
     def request(self) -> SignalRequest:
-        return whitebox_request(self._scorer().model)
+        return signal_request(self._scorer().model, self.settings.get("copy", False))
 
     def answer_features(self, signals) -> dict[str, np.ndarray]:
         heads, mid, last = self._layout()
@@ -123,7 +127,7 @@ class Fused(Detector):
     def token_features(self, sig) -> np.ndarray:
         """``[R, F]``: per response token, every head's lookback ratio, MTop-Div edge weight and log
         self-attention, the middle layer's hidden state, surprisal, entropy, the relative position and the lexical
-        support flags."""
+        support flags (and with ``copy``, every head's copy attention)."""
         heads, mid, _ = self._layout()
         r = sig.n_response
         parts = [sig.head_values("lookback.ratio", heads).T, sig.head_values("mtopdiv.token_weights", heads).T,
@@ -131,6 +135,8 @@ class Fused(Detector):
                  sig.token_hidden[sig.token_hidden_layers.index(mid)].astype(np.float32),
                  -sig.logprobs[:, None], sig.entropy[:, None], (np.arange(r) / max(r - 1, 1))[:, None],
                  _support(sig).support]
+        if self.settings.get("copy"):
+            parts.append(sig.head_values("copy.mass", heads).T)
         return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=1)
 
     # ---- pieces -------------------------------------------------------------------------------------------------
@@ -261,6 +267,19 @@ class Fused(Detector):
     def set_state(self, state):
         self.families, self.token_model = state["families"], state.get("token_model")
         self.stacker, self.columns = state["stacker"], state["columns"]
+
+
+def signal_request(model, copy: bool = False) -> SignalRequest:
+    """The pass a fused detector reads: the white-box pass, and with ``copy`` the copy attention of every head."""
+    request = whitebox_request(model)
+    return request.merge(SignalRequest(heads=model.all_heads(), reducers=("copy",))) if copy else request
+
+
+def _flag(value, name: str) -> bool:
+    """A boolean setting, from Python or from a command line's ``--set NAME=true``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: true or false, not {value!r}")
+    return value
 
 
 def balanced_weights(labels, views) -> np.ndarray:

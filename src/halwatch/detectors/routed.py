@@ -22,7 +22,7 @@ import numpy as np
 
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of
 from halwatch.detectors.calibration import MIN_FOR_SHARE, logit
-from halwatch.detectors.fused import Fused
+from halwatch.detectors.fused import Fused, signal_request
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.forward import Signals
 from halwatch.sample import TASKS, task_of
@@ -73,9 +73,7 @@ class Routed(Detector):
 
     # ---- fitting ------------------------------------------------------------------------------------------------
     def request(self):
-        from halwatch.models.forward import whitebox_request
-
-        return whitebox_request(self._scorer().model)
+        return signal_request(self._scorer().model, self.settings.get("copy", False))
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
                     groups=None) -> "Routed":
