@@ -120,9 +120,14 @@ class Scorer:
         where that covers the request): what :meth:`signals` would read instead of computing."""
         if self.cache is None:
             return [False] * len(views)
+        serving = self._serving(request)
+        return [any(self.cache.has(self._key(v, r)) for r in serving) for v in views]
+
+    def _serving(self, request: SignalRequest) -> list[SignalRequest]:
+        """The requests whose cache entries serve ``request``: itself, then the full white-box pass where that
+        covers it."""
         whitebox = forward.whitebox_request(self.model)
-        others = [request] + ([whitebox] if whitebox != request and whitebox.covers(request) else [])
-        return [any(self.cache.has(self._key(v, r)) for r in others) for v in views]
+        return [request] + ([whitebox] if whitebox != request and whitebox.covers(request) else [])
 
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
         """One batch: the forward pass (when the request asks for anything from it), then any sampled answers and
@@ -167,9 +172,7 @@ class Scorer:
         views = views if views is not None else [self.encode(s) for s in samples]
         results: list[Signals | None] = [None] * len(views)
         keys = [None] * len(views)
-        # a cached entry of the full white-box pass serves any request it covers
-        whitebox = forward.whitebox_request(self.model)
-        fallbacks = [whitebox] if whitebox != request and whitebox.covers(request) else []
+        fallbacks = self._serving(request)[1:]  # a cached entry of the full white-box pass serves what it covers
         todo = []
         for i, v in enumerate(views):
             if self.cache is not None:
