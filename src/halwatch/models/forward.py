@@ -228,7 +228,7 @@ class _Group:
         self.lengths = [len(v.input_ids) for v in self.views]
         first = [0 if attention_from == "all" else v.n_prompt - 1 for v in self.views]
         self.rows = Rows(tuple(v.n_prompt for v in self.views), tuple(v.n_header for v in self.views),
-                         tuple(first), tuple(self.lengths), ids=tuple(tuple(v.input_ids) for v in self.views))
+                         tuple(first), tuple(self.lengths), ids=tuple(v.input_ids for v in self.views))
         self.kept: dict[int, object] = {}  # layer -> the kept rows (keep_attention)
         self.reduced: dict[str, list] = {}  # per reducer: outputs of layers, in order, each field [B, H, ...]
         self.partial: dict[str, list] = {}  # per reducer with ``finish``: waiting partials

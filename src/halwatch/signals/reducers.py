@@ -55,7 +55,7 @@ class Rows:
     length: tuple
     probs: object = None  # torch.Tensor [B, H, Q, K]
     device: object = None  # where the layout's tensors go when there are no ``probs`` (the GPU kernel's path)
-    ids: tuple = ()  # each sample's token ids (a tuple of ints per sample)
+    ids: tuple = ()  # each sample's token ids (a sequence of ints per sample, read only by reducers that ask)
 
     def __post_init__(self):
         self._tensors = {}
