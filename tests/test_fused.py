@@ -119,5 +119,6 @@ def test_copy_attention_widens_the_token_model_and_survives_a_reload(scorer, sho
     again = load_detector(str(tmp_path / "copy.json"), scorer=scorer)
     assert again.settings["copy"] is True
     np.testing.assert_allclose(again.score(held_out), copying.score(held_out), atol=1e-6)
-    with pytest.raises(ValueError, match="copy: true or false"):
-        create_detector("fused", scorer, copy="yes")
+    for name in ("copy", "balance"):  # "false" from a file must not turn a setting on
+        with pytest.raises(ValueError, match=f"{name}: true or false"):
+            create_detector("fused", scorer, **{name: "false"})

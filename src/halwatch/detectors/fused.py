@@ -92,7 +92,7 @@ class Fused(Detector):
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
-                         balance=bool(balance), token_kind=token_kind, token_epochs=int(token_epochs),
+                         balance=_flag(balance, "balance"), token_kind=token_kind, token_epochs=int(token_epochs),
                          token_hidden=int(token_hidden), **({"copy": True} if _flag(copy, "copy") else {}),
                          **settings)
         self.families: dict = {}
