@@ -558,6 +558,13 @@ def test_watch_explore_resume_and_check(tmp_path, capsys):
     assert "no SQuAD article titled 'Atlantis'" in capsys.readouterr().err and not missing.exists()
     assert main(["watch", "check", "--store", "mysql://x", query]) == 2
     assert "unknown store" in capsys.readouterr().err
+    for command in (["check", query], ["bench", "--domain", "Harvard_University"], ["curve"]):  # a mistyped store
+        assert main(["watch", *command, "--store", str(missing)]) == 2
+        assert f"no store at {missing}" in capsys.readouterr().err and not missing.exists()
+    empty = tmp_path / "empty.db"
+    open_store(str(empty)).close()
+    assert main(["watch", "check", "--store", f"sqlite:{empty}", query]) == 2
+    assert "has no boundary points" in capsys.readouterr().err
     assert main(["watch", "explore", "--domain", "Warsaw", "--store", str(tmp_path / "x.db"),
                  "--target", "http://127.0.0.1:9/v1", "--retries", "0", "--max-queries", "3"]) == 2
     err = capsys.readouterr().err

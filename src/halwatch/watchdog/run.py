@@ -46,10 +46,11 @@ class _Clients:
 
 
 @contextlib.asynccontextmanager
-async def _session(store: str, client_options: dict | None):
-    """The store and the clients of one command, closed whatever happens."""
+async def _session(store: str, client_options: dict | None, create: bool = False):
+    """The store and the clients of one command, closed whatever happens; a store that is not there is created
+    only with ``create`` (exploring), the other commands refuse it."""
     clients = _Clients(**(client_options or {}))
-    db = open_store(store)
+    db = open_store(store, create=create)
     try:
         yield db, clients
     finally:
@@ -108,7 +109,7 @@ def explore(domain: str | None, store: str, target: str = "local:smollm2-135m", 
     the_embedder = get_embedder(embedder)
 
     async def main():
-        async with _session(store, client_options) as (db, clients):
+        async with _session(store, client_options, create=True) as (db, clients):
             the_agent = _agent(the_domain, target, agent, clients, answer_tokens)
             gen = clients.get(generator or target)
             explorer = Explorer(the_domain, the_agent, gen, Evaluator(clients.get(judge)), db, the_embedder,
@@ -152,9 +153,15 @@ def _the_agent(meta, db, target, agent, clients, domain=None, corpus=None, answe
     return _agent(open_domain(domain, corpus), target, None, clients, answer_tokens)
 
 
-def _require_points(db) -> None:
+def _open_points(db, embedder: str | None):
+    """The store's ``meta`` and its embedder bound to it (:func:`_store_embedder`), for reading its boundary points;
+    a store without any is refused."""
     if not db.count():
         raise StoreError(f"the store {db.uri} has no boundary points: run `halwatch watch explore` first")
+    meta = db.meta()
+    the_embedder = _store_embedder(meta, embedder)
+    db.bind_embedder(the_embedder)
+    return meta, the_embedder
 
 
 def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | None = None,
@@ -167,10 +174,7 @@ def check(query: str, store: str, target: str = "local:smollm2-135m", k: int | N
 
     async def main():
         async with _session(store, client_options) as (db, clients):
-            meta = db.meta()
-            _require_points(db)
-            the_embedder = _store_embedder(meta, embedder)
-            db.bind_embedder(the_embedder)
+            meta, the_embedder = _open_points(db, embedder)
             k_, t_ = _sampling(meta, k, temperature)
             the_agent = _the_agent(meta, db, target, agent, clients, domain, corpus, answer_tokens)
             return await check_query(query, db, the_agent, the_embedder, k=k_, epsilon=_epsilon(meta, epsilon),
@@ -292,10 +296,7 @@ def bench(domain: str | None, store: str, target: str = "local:smollm2-135m", ju
 
     async def main():
         async with _session(store, client_options) as (db, clients):
-            meta = db.meta()
-            _require_points(db)
-            the_embedder = _store_embedder(meta, embedder)
-            db.bind_embedder(the_embedder)
+            meta, the_embedder = _open_points(db, embedder)
             the_agent = _agent(the_domain, target, agent, clients, answer_tokens or meta.get("answer_tokens"))
             k_, t_ = _sampling(meta, k, temperature)
             eps = _epsilon(meta, epsilon)
@@ -344,7 +345,7 @@ def curves(stores, last: int = 30, out=None) -> dict:
 
     result = {}
     for uri in stores:
-        db = open_store(uri)
+        db = open_store(uri, create=False)
         try:
             meta, events = db.meta(), db.events()
         finally:

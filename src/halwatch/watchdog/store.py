@@ -379,17 +379,17 @@ def _literal(v) -> str:
     return "[" + ",".join(f"{x:.8g}" for x in v) + "]"
 
 
-def open_store(uri: str) -> Store:
-    """Open (creating if needed) the store at ``uri``: ``sqlite:PATH``, ``PATH.db``, ``postgresql://...`` or
-    ``pgserver:DIR``."""
+def open_store(uri: str, create: bool = True) -> Store:
+    """Open the store at ``uri``: ``sqlite:PATH``, ``PATH.db``, ``postgresql://...`` or ``pgserver:DIR``; a file or
+    data folder that does not exist yet is created, or with ``create=False`` (the commands that only read a store)
+    refused without writing anything."""
     uri = str(uri).strip()
-    if uri.startswith("sqlite:"):
-        path = uri[len("sqlite:"):].removeprefix("//")
+    if uri.startswith("sqlite:") or (uri.endswith((".db", ".sqlite", ".sqlite3")) and "://" not in uri):
+        path = uri[len("sqlite:"):].removeprefix("//") if uri.startswith("sqlite:") else uri
         if not path:
             raise StoreError("sqlite: needs a file path, e.g. sqlite:boundary.db")
+        _exists(path, create)
         return SqliteStore(path)
-    if uri.endswith((".db", ".sqlite", ".sqlite3")) and "://" not in uri:
-        return SqliteStore(uri)
     if uri.startswith(("postgresql://", "postgres://")):
         return PgStore(uri)
     if uri.startswith("pgserver:"):
@@ -399,6 +399,7 @@ def open_store(uri: str) -> Store:
         folder = uri[len("pgserver:"):].removeprefix("//")
         if not folder:
             raise StoreError("pgserver: needs a data folder, e.g. pgserver:./pgdata")
+        _exists(folder, create)
         logging.getLogger("pgserver").setLevel(logging.ERROR)
         with warnings.catch_warnings():  # platformdirs' note that XDG_RUNTIME_DIR is unset: noise here
             warnings.simplefilter("ignore")
@@ -424,3 +425,9 @@ def stop_pgserver(folder) -> bool:
         return False
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user="pgserver" if os.geteuid() == 0 else None)
     return True
+
+
+def _exists(path: str, create: bool) -> None:
+    """Refuse a store's file or folder that is not there when it may not be created."""
+    if not create and not Path(path).exists():
+        raise StoreError(f"no store at {path}: run `halwatch watch explore --store {path}` first")
