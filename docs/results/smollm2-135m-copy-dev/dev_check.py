@@ -14,12 +14,12 @@ import json
 import time
 
 import numpy as np
-from sklearn.metrics import f1_score, roc_auc_score
+from sklearn.metrics import roc_auc_score
 
 from halwatch.data.splits import split_of
 from halwatch.detectors import create_detector
 from halwatch.detectors.fused import signal_request
-from halwatch.eval.metrics import span_scores
+from halwatch.eval.metrics import evaluate, span_scores
 from halwatch.eval.protocols import load_dataset
 from halwatch.scorer import Scorer
 
@@ -50,9 +50,8 @@ def main():
         detector.fit_signals([signals[i] for i in train], labels[train], [views[i] for i in train])
         verdicts = detector.verdicts([views[i] for i in dev], [signals[i] for i in dev])
         p = np.array([v["score"] for v in verdicts])
-        flagged = p >= detector.threshold
-        row = {"copy": copy, "auroc": roc_auc_score(y, p), "f1": f1_score(y, flagged),
-               "fpr": flagged[y == 0].mean(), "tpr": flagged[y == 1].mean(),
+        answers = evaluate(y, p, detector.threshold)
+        row = {"copy": copy, **{k: answers[k] for k in ("auroc", "f1", "fpr", "tpr")},
                **span_scores([v["spans"] for v in verdicts], [samples[i].spans for i in dev]),
                "grounded_without_span": np.mean([not v["spans"] for v, label in zip(verdicts, y) if label == 0]),
                "seconds": time.time() - start}
