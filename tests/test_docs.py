@@ -14,34 +14,28 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "results" / "README.md"]
 
 
-def _blocks(text: str):
-    """``(language, body)`` of each fenced block, fences paired line by line."""
+def _segments(text: str):
+    """``(language, body)`` of each stretch of the page: ``language`` is ``None`` outside fenced blocks, else the
+    fence's language ("" when it names none); fences paired line by line."""
     language, body = None, []
     for line in text.splitlines():
         fence = re.match(r"\s*```(\w*)", line)
-        if fence and language is None:
-            language, body = fence.group(1), []
-        elif fence:
-            yield language, "\n".join(body)
-            language = None
-        elif language is not None:
+        if not fence:
             body.append(line)
+            continue
+        yield language, "\n".join(body)
+        language, body = (fence.group(1) if language is None else None), []
+    yield language, "\n".join(body)
 
 
 def _prose(text: str) -> str:
     """The text outside fenced blocks."""
-    inside, kept = False, []
-    for line in text.splitlines():
-        if re.match(r"\s*```", line):
-            inside = not inside
-        elif not inside:
-            kept.append(line)
-    return "\n".join(kept)
+    return "\n".join(body for language, body in _segments(text) if language is None)
 
 
 def _commands(text: str):
     """``halwatch ...`` command lines of the fenced shell blocks (continuations joined, ``&`` and comments cut)."""
-    for language, block in _blocks(text):
+    for language, block in _segments(text):
         if language not in ("", "bash", "sh", "console"):
             continue
         for line in block.replace("\\\n", " ").splitlines():
