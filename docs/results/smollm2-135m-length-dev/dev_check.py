@@ -24,7 +24,7 @@ NAMES = "ragtruth:all ragtruth-qa:all squad-shapes squad-shapes-ragtruth".split(
 cut = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 sc = Scorer(batch_size=None)
 req = signal_request(sc.model)
-S, V, G, D = [], [], [], []
+V, G, D = [], [], []
 for name in NAMES:
     samples = [s for s in load_dataset(name)[0] if split_of(s) in ("train", "dev")]
     views = [v for v in sc.encode_many(samples, windows=False, keep_errors=True) if not isinstance(v, Exception)]
@@ -47,18 +47,16 @@ def fit(idx):
     det.fit_signals([G[i] for i in idx], y[idx], [V[i] for i in idx])
     print("fit", len(idx), f"{time.time()-t:.0f}s", flush=True)
     return det
-variants = {"pooled": [(np.ones(len(y), bool), None)]}
-if cut > 0:
-    variants["split"] = [(L < cut, None), (L >= cut, None)]
+variants = {"pooled": [np.ones(len(y), bool)], "split": [L < cut, L >= cut]}
 for name, parts in variants.items():
     probs, thr, spans = np.zeros(len(y)), np.zeros(len(y)), [None] * len(y)
-    for mask, _ in parts:
+    for mask in parts:
         det = fit(np.flatnonzero(mask & tr))
         ev = np.flatnonzero(mask & ~tr)
         for i, v in zip(ev, det.verdicts([V[i] for i in ev], [G[i] for i in ev])):
             probs[i], thr[i], spans[i] = v["score"], v["threshold"], v["spans"]
-    for n in NAMES + ["short<%d" % abs(cut), "long"]:
-        m = ~tr & (D == n) if n in NAMES else ~tr & ((L < abs(cut)) if n.startswith("short") else (L >= abs(cut)))
+    for n in NAMES + [f"short<{cut}", "long"]:
+        m = ~tr & (D == n) if n in NAMES else ~tr & ((L < cut) if n.startswith("short") else (L >= cut))
         m = np.flatnonzero(m)
         e = evaluate(y[m], probs[m], thr[m])
         sp = span_scores([spans[i] for i in m], [V[i].sample.spans for i in m])
