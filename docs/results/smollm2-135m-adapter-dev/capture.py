@@ -3,7 +3,7 @@ one frozen pass per RAGTruth train/dev answer up to layer START + DEPTH, keeping
 - the response tokens' hidden state entering layer START (hidden_states[START]),
 - per adapted layer START .. START + DEPTH - 1 the prompt tokens' keys (after rotary) and values,
 - the response tokens' hidden state leaving the last adapted layer (to check the adapter's own forward).
-Saved per split as one torch file. Usage: capture.py OUT.pt SPLIT [LIMIT]"""
+Saved per split as one torch file. Usage: capture.py OUT.pt SPLIT [LIMIT] [DATASET]  (DATASET: ragtruth:all)"""
 
 import sys
 import time
@@ -22,7 +22,7 @@ class Stop(Exception):
     pass
 
 
-def main(out, split, limit=None):
+def main(out, split, limit=None, dataset="ragtruth:all"):
     torch.set_num_threads(2)
     sm = load_model("smollm2-135m")
     model, tok = sm.model, sm.tokenizer
@@ -30,7 +30,7 @@ def main(out, split, limit=None):
     inner = model.model
     layers = inner.layers
     cfg = model.config
-    samples = [s for s in load_dataset("ragtruth:all")[0] if split_of(s) == split]
+    samples = [s for s in load_dataset(dataset)[0] if split_of(s) == split]
     if limit:
         samples = samples[:limit]
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -90,4 +90,5 @@ def main(out, split, limit=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "all" else None,
+         sys.argv[4] if len(sys.argv) > 4 else "ragtruth:all")

@@ -1,7 +1,8 @@
 """Phase 2: fit the response-side adapter (adapter.py) on RAGTruth train answers (80 % of the sources), choose the
 span rule on the other 20 % (by source), read the dev split once.
 Usage: train.py WORK [epochs] [rank] [lr]   (WORK: the folder holding capture.py's train.pt and dev.pt)
-       train.py WORK dev TAG                (the dev split with WORK/adapter-TAG.pt, e.g. TAG r8-e2)"""
+       train.py WORK dev TAG [DATASET FILE] (the dev split with WORK/adapter-TAG.pt, e.g. TAG r8-e2; another
+                                            dataset's dev answers captured into WORK/FILE)"""
 
 import sys
 import time
@@ -101,7 +102,7 @@ def main(work, epochs=2, rank=8, lr=5e-4):
                work + f"adapter-r{rank}-e{epochs}.pt")
 
 
-def read_dev(work, tag):
+def read_dev(work, tag, dataset="ragtruth:all", file="dev.pt"):
     """The dev split, read once with the adapter and span rule saved as ``adapter-TAG.pt``."""
     work = work.rstrip("/") + "/"
     torch.set_num_threads(2)
@@ -109,19 +110,20 @@ def read_dev(work, tag):
     saved = torch.load(work + f"adapter-{tag}.pt", weights_only=False)
     ad = Adapter(sm.model, 15, 6, rank=saved["rank"])
     ad.load_state_dict(saved["state"], strict=False)
-    dev = torch.load(work + "dev.pt", weights_only=False)["records"]
-    dev_samples = [s for s in load_dataset("ragtruth:all")[0] if split_of(s) == "dev"]
+    dev = torch.load(work + file, weights_only=False)["records"]
+    dev_samples = [s for s in load_dataset(dataset)[0] if split_of(s) == "dev"]
     assert len(dev_samples) == len(dev)
     dev_views = [encode(s, sm.tokenizer, "raw") for s in dev_samples]
     dev_logits = scores(ad, dev)
     dev_top = [float(1 / (1 + np.exp(-x.max()))) if len(x) else 0.0 for x in dev_logits]
-    report("dev", dev, dev_logits, dev_views, saved["threshold"], saved["rule"], dev_top)
+    report(f"dev {dataset}", dev, dev_logits, dev_views, saved["threshold"], saved["rule"], dev_top)
+    np.save(work + f"dev-{tag}-{file.removesuffix('.pt')}.npy", np.array([x.max() for x in dev_logits]))
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) > 1 and args[1] == "dev":
-        read_dev(args[0], args[2])
+        read_dev(args[0], args[2], *args[3:5])
     else:
         main(args[0], int(args[1]) if len(args) > 1 else 2, int(args[2]) if len(args) > 2 else 8,
              float(args[3]) if len(args) > 3 else 5e-4)
