@@ -1,6 +1,9 @@
 """Phase 2: fit the response-side adapter (adapter.py) on RAGTruth train answers (80 % of the sources), choose the
 span rule on the other 20 % (by source), read the dev split once.
-Usage: train.py WORK [epochs] [rank] [lr]   (WORK: the folder holding capture.py's train.pt and dev.pt)
+Usage: train.py WORK [epochs] [rank] [lr] [DATASET FILE ...]
+                                            (WORK: the folder holding capture.py's train.pt and dev.pt; each
+                                            DATASET FILE pair adds that set's training answers, captured into
+                                            WORK/FILE, to RAGTruth's, and its tag to the saved adapter's name)
        train.py WORK dev TAG [DATASET FILE] (the dev split with WORK/adapter-TAG.pt, e.g. TAG r8-e2; another
                                             dataset's dev answers captured into WORK/FILE)"""
 
@@ -48,15 +51,18 @@ def report(name, records, logits, views, threshold=None, rule=None, probs=None):
     return row
 
 
-def main(work, epochs=2, rank=8, lr=5e-4):
+def main(work, epochs=2, rank=8, lr=5e-4, extra=()):
     work = work.rstrip("/") + "/"
     torch.manual_seed(0)
     torch.set_num_threads(2)
     sm = load_model("smollm2-135m")
-    all_samples = load_dataset("ragtruth:all")[0]
-    train = torch.load(work + "train.pt", weights_only=False)["records"]
-    train_samples = [s for s in all_samples if split_of(s) == "train"]
-    assert len(train_samples) == len(train)
+    train, train_samples = [], []
+    for dataset, file in [("ragtruth:all", "train.pt"), *extra]:
+        records = torch.load(work + file, weights_only=False)["records"]
+        samples = [s for s in load_dataset(dataset)[0] if split_of(s) == "train"]
+        assert len(samples) == len(records)
+        train += records
+        train_samples += samples
     sources = sorted({r["source"] for r in train})
     rng = np.random.default_rng(0)
     rng.shuffle(sources)
@@ -99,7 +105,7 @@ def main(work, epochs=2, rank=8, lr=5e-4):
     report("probe", [train[i] for i in probe], probe_logits, probe_views, threshold, rule, probe_top)
     state = {k: v for k, v in ad.state_dict().items() if k.startswith(("loras", "norm", "head")) and ".base." not in k}
     torch.save({"state": state, "threshold": threshold, "rule": rule, "rank": rank},
-               work + f"adapter-r{rank}-e{epochs}.pt")
+               work + f"adapter-r{rank}-e{epochs}{''.join('-' + d for d, _ in extra)}.pt")
 
 
 def read_dev(work, tag, dataset="ragtruth:all", file="dev.pt"):
@@ -126,4 +132,4 @@ if __name__ == "__main__":
         read_dev(args[0], args[2], *args[3:5])
     else:
         main(args[0], int(args[1]) if len(args) > 1 else 2, int(args[2]) if len(args) > 2 else 8,
-             float(args[3]) if len(args) > 3 else 5e-4)
+             float(args[3]) if len(args) > 3 else 5e-4, list(zip(args[4::2], args[5::2])))
