@@ -3,7 +3,7 @@ one frozen pass per RAGTruth train/dev answer up to layer START + DEPTH, keeping
 - the response tokens' hidden state entering layer START (hidden_states[START]),
 - per adapted layer START .. START + DEPTH - 1 the prompt tokens' keys (after rotary) and values,
 - the response tokens' hidden state leaving the last adapted layer (to check the adapter's own forward).
-Saved per split as one torch file. Usage: capture.py OUT.pt SPLIT [LIMIT] [DATASET]  (DATASET: ragtruth:all)"""
+Saved per split as one torch file. Usage: capture.py OUT.pt SPLIT [LIMIT] [DATASET] [MODE]  (DATASET: ragtruth:all; MODE: the input mode, raw or chat)"""
 
 import sys
 import time
@@ -22,7 +22,7 @@ class Stop(Exception):
     pass
 
 
-def main(out, split, limit=None, dataset="ragtruth:all"):
+def main(out, split, limit=None, dataset="ragtruth:all", mode="raw"):
     torch.set_num_threads(2)
     sm = load_model("smollm2-135m")
     model, tok = sm.model, sm.tokenizer
@@ -61,7 +61,7 @@ def main(out, split, limit=None, dataset="ragtruth:all"):
     records = []
     t0 = time.time()
     for n, s in enumerate(samples):
-        view = encode(s, tok, "raw")
+        view = encode(s, tok, mode)
         ids = torch.tensor([view.input_ids])
         p = view.n_prompt
         got.clear()
@@ -91,4 +91,4 @@ def main(out, split, limit=None, dataset="ragtruth:all"):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "all" else None,
-         sys.argv[4] if len(sys.argv) > 4 else "ragtruth:all")
+         sys.argv[4] if len(sys.argv) > 4 else "ragtruth:all", sys.argv[5] if len(sys.argv) > 5 else "raw")
