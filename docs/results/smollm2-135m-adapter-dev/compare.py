@@ -1,7 +1,9 @@
 """The adapter beside the routed default on RAGTruth's dev answers, nothing fitted: each one's answer AUROC, their
 rank correlation, the AUROC of the plain average of their two rankings, and how far each one's probability moves
-between RAGTruth's prompt and the QA template (the adapter: the sigmoid of its highest token log-odds).
-Usage: compare.py WORK TAG  (after ``train.py WORK dev TAG`` on dev.pt and on dev-ragtruth-qa:all.pt)"""
+between RAGTruth's prompt and the QA template (the adapter: the sigmoid of its highest token log-odds); where the
+adapter read RAGTruth's answers in the chat input mode too, how far its probability moves between raw and chat.
+Usage: compare.py WORK TAG  (after ``train.py WORK dev TAG`` on dev.pt and on dev-ragtruth-qa:all.pt, and on
+dev-chat.pt if there)"""
 
 import json
 import sys
@@ -30,6 +32,11 @@ def main(work, tag):
           f"{roc_auc_score(labels, rankdata(default) + rankdata(raw)):.4f}")
     print(f"median |change of probability| between the two renderings: routed "
           f"{np.median(np.abs(default - default_qa)):.4f}, adapter {np.median(np.abs(expit(raw) - expit(qa))):.4f}")
+    chat = Path(work) / f"dev-{tag}-dev-chat.npy"
+    if chat.exists():
+        chat = np.load(chat)
+        print(f"adapter, chat input: answer AUROC {roc_auc_score(labels, chat):.4f}, median |change of probability| "
+              f"from raw {np.median(np.abs(expit(raw) - expit(chat))):.4f}")
 
 
 if __name__ == "__main__":
