@@ -76,3 +76,26 @@ class Adapter(nn.Module):
         x = self.hidden(h, k_prompt, v_prompt, n_prompt)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_w
         return self.head(x).squeeze(-1)
+
+
+def check(records_file: str, count: int = 20) -> None:
+    """With the updates at zero, the adapter must give the frozen model's own states leaving its last layer (the
+    ``h_out`` that capture.py kept): prints the largest difference over the first ``count`` answers."""
+    import sys
+
+    from halwatch.models.loader import load_model
+
+    sys.stdout.reconfigure(line_buffering=True)
+    records = torch.load(records_file, weights_only=False)["records"][:count]
+    adapter = Adapter(load_model("smollm2-135m").model, 15, 6)
+    with torch.no_grad():
+        worst = max(float((adapter.hidden(r["h_in"], r["k"], r["v"], r["n_prompt"]) - r["h_out"]).abs().max())
+                    for r in records)
+    scale = max(float(r["h_out"].abs().max()) for r in records)
+    print(f"{len(records)} answers: largest difference {worst:.4f} on states up to {scale:.1f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    check(sys.argv[1])
