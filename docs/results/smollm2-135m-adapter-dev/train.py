@@ -124,6 +124,8 @@ def read_dev(work, tag, dataset="ragtruth:all", file="dev.pt"):
     dev_top = [float(1 / (1 + np.exp(-x.max()))) if len(x) else 0.0 for x in dev_logits]
     report(f"dev {dataset}", dev, dev_logits, dev_views, saved["threshold"], saved["rule"], dev_top)
     np.save(work + f"dev-{tag}-{file.removesuffix('.pt')}.npy", np.array([x.max() for x in dev_logits]))
+    np.save(work + f"dev-{tag}-{file.removesuffix('.pt')}-tokens.npy", np.array(dev_logits, dtype=object),
+            allow_pickle=True)
 
 
 if __name__ == "__main__":
