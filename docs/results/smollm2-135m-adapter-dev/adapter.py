@@ -10,6 +10,14 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: The first adapted layer (0-based: its input is the middle layer's output) and how many are adapted.
+START, DEPTH = 15, 6
+
+
+def head_layout(config) -> tuple[int, int, int]:
+    """``(query heads, key/value heads, head size)`` of a Llama-style config."""
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_attention_heads, config.num_key_value_heads, size
 
 
 class LoRA(nn.Module):
@@ -25,14 +33,13 @@ class LoRA(nn.Module):
 
 
 class Adapter(nn.Module):
-    def __init__(self, model, start: int, depth: int, rank: int = 8, alpha: float = 16.0):
+    def __init__(self, model, start: int = START, depth: int = DEPTH, rank: int = 8, alpha: float = 16.0):
         super().__init__()
         inner = model.model
         self.rotary = inner.rotary_emb
         self.start, self.depth = start, depth
         cfg = model.config
-        self.hd = cfg.head_dim if getattr(cfg, "head_dim", None) else cfg.hidden_size // cfg.num_attention_heads
-        self.nh, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.nh, self.kvh, self.hd = head_layout(cfg)
         self.layers = [inner.layers[i] for i in range(start, start + depth)]
         for p in model.parameters():
             p.requires_grad_(False)
@@ -87,7 +94,7 @@ def check(records_file: str, count: int = 20) -> None:
 
     sys.stdout.reconfigure(line_buffering=True)
     records = torch.load(records_file, weights_only=False)["records"][:count]
-    adapter = Adapter(load_model("smollm2-135m").model, 15, 6)
+    adapter = Adapter(load_model("smollm2-135m").model)
     with torch.no_grad():
         worst = max(float((adapter.hidden(r["h_in"], r["k"], r["v"], r["n_prompt"]) - r["h_out"]).abs().max())
                     for r in records)

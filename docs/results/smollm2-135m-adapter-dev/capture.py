@@ -15,7 +15,7 @@ from halwatch.eval.protocols import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
 
-START, DEPTH = 15, 6
+from adapter import DEPTH, START, head_layout
 
 
 class Stop(Exception):
@@ -56,8 +56,7 @@ def main(out, split, limit=None, dataset="ragtruth:all", mode="raw"):
         raise Stop
 
     handles.append(layers[START + DEPTH - 1].register_forward_hook(stop))
-    hd = cfg.head_dim if getattr(cfg, "head_dim", None) else cfg.hidden_size // cfg.num_attention_heads
-    kvh = cfg.num_key_value_heads
+    _, kvh, hd = head_layout(cfg)
     records = []
     t0 = time.time()
     for n, s in enumerate(samples):
@@ -81,11 +80,10 @@ def main(out, split, limit=None, dataset="ragtruth:all", mode="raw"):
         records.append({"labels": torch.tensor(view.token_labels()), "use": view.has_token_labels,
                         "label": int(s.label), "source": s.source, "n_prompt": p,
                         "h_in": got["h_in"][0, p:].clone(), "h_out": got["h_out"][0, p:].clone(),
-                        "k": torch.stack(keys), "v": torch.stack(values), "index": n})
+                        "k": torch.stack(keys), "v": torch.stack(values)})
         if n % 100 == 0:
             print(f"{n}/{len(samples)} {time.time() - t0:.0f}s", flush=True)
-    torch.save({"records": records, "samples": [s.to_dict() if hasattr(s, "to_dict") else None for s in samples]},
-               out)
+    torch.save({"records": records}, out)
     print("done", len(records), f"{time.time() - t0:.0f}s")
 
 

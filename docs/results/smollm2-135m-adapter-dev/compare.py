@@ -17,12 +17,14 @@ from sklearn.metrics import roc_auc_score
 ROUTED = Path(__file__).parent.parent / "smollm2-135m-routed-dev" / "predictions.jsonl"
 
 
+def routed_dev() -> dict:
+    """The routed default's committed dev predictions (train-only fit), one row per dataset."""
+    rows = map(json.loads, ROUTED.read_text().splitlines())
+    return {row["dataset"]: row for row in rows if row["detector"] == "routed"}
+
+
 def main(work, tag):
-    routed = {}
-    for line in ROUTED.read_text().splitlines():
-        row = json.loads(line)
-        if row["detector"] == "routed":
-            routed[row["dataset"]] = row
+    routed = routed_dev()
     raw, qa = (np.load(Path(work) / f"dev-{tag}-{name}.npy") for name in ("dev", "dev-ragtruth-qa:all"))
     labels = np.array(routed["ragtruth:all"]["labels"])
     assert len(labels) == len(raw) and routed["ragtruth-qa:all"]["labels"] == routed["ragtruth:all"]["labels"]

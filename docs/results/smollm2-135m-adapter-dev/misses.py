@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from halwatch.data.splits import split_of
-from halwatch.detectors.spans import rule_spans
 from halwatch.eval.protocols import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
+from train import spans_of
 
 
 def main(work, tag):
@@ -20,11 +20,11 @@ def main(work, tag):
     logits = np.load(Path(work) / f"dev-{tag}-dev-tokens.npy", allow_pickle=True)
     tokenizer = load_model("smollm2-135m").tokenizer
     samples = [s for s in load_dataset("ragtruth:all")[0] if split_of(s) == "dev"]
+    views = [encode(sample, tokenizer, "raw") for sample in samples]
     cover, length = [], []
-    for sample, x in zip(samples, logits):
-        view = encode(sample, tokenizer, "raw")
+    for sample, spans in zip(samples, spans_of(views, logits, saved["threshold"], saved["rule"])):
         flagged = np.zeros(len(sample.response), dtype=bool)
-        for span in rule_spans(view, x, float(1 / (1 + np.exp(-x.max()))), 0.5, saved["threshold"], saved["rule"]):
+        for span in spans:
             flagged[span["start"]:span["end"]] = True
         for gold in sample.spans:
             cover.append(flagged[gold["start"]:gold["end"]].mean())

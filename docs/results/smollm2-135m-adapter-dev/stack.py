@@ -3,7 +3,6 @@ source-grouped cross-fitting (halwatch's own folds, logistic regression and out-
 sources scored by a stack fitted on the other four): the routed default's log-odds alone, the adapter's pooled token
 log-odds (max, top-3 mean, mean) alone, and both. Usage: stack.py WORK TAG (after ``train.py WORK dev TAG``)"""
 
-import json
 import sys
 from pathlib import Path
 
@@ -16,12 +15,11 @@ from halwatch.detectors import linear
 from halwatch.detectors.base import cross_fit
 from halwatch.eval.protocols import load_dataset
 
-ROUTED = Path(__file__).parent.parent / "smollm2-135m-routed-dev" / "predictions.jsonl"
+from compare import routed_dev
 
 
 def main(work, tag, seeds=5):
-    routed = next(row for row in map(json.loads, ROUTED.read_text().splitlines())
-                  if row["detector"] == "routed" and row["dataset"] == "ragtruth:all")
+    routed = routed_dev()["ragtruth:all"]
     labels = np.array(routed["labels"])
     tokens = np.load(Path(work) / f"dev-{tag}-dev-tokens.npy", allow_pickle=True)
     sources = np.array([s.source for s in load_dataset("ragtruth:all")[0] if split_of(s) == "dev"])

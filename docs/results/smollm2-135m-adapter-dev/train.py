@@ -13,6 +13,7 @@ import time
 import numpy as np
 import torch
 from sklearn.metrics import average_precision_score, roc_auc_score
+from scipy.special import expit
 from torch.nn import functional as F
 
 from adapter import Adapter
@@ -24,6 +25,15 @@ from halwatch.models.loader import load_model
 from halwatch.tokens import encode
 
 
+def answer_probs(logits) -> list[float]:
+    """Each answer's probability as the adapter's span gates read it: the sigmoid of its highest token log-odds."""
+    return [float(expit(x.max())) if len(x) else 0.0 for x in logits]
+
+
+def spans_of(views, logits, threshold, rule) -> list[list[dict]]:
+    """Each answer's spans under the span rule (decision 0.5 on :func:`answer_probs`)."""
+    return [rule_spans(v, x, p, 0.5, threshold, rule) for v, x, p in zip(views, logits, answer_probs(logits))]
+
 
 def scores(ad, records):
     ad.eval()
@@ -34,7 +44,7 @@ def scores(ad, records):
     return out
 
 
-def report(name, records, logits, views, threshold=None, rule=None, probs=None):
+def report(name, records, logits, views, threshold=None, rule=None):
     use = [i for i, r in enumerate(records) if r["use"]]
     y = np.concatenate([records[i]["labels"].numpy() for i in use])
     s = np.concatenate([logits[i] for i in use])
@@ -43,7 +53,7 @@ def report(name, records, logits, views, threshold=None, rule=None, probs=None):
     row = {"set": name, "answers": len(records), "token_auroc": round(roc_auc_score(y, s), 4),
            "token_ap": round(average_precision_score(y, s), 4), "answer_auroc_max": round(roc_auc_score(labels, top), 4)}
     if threshold is not None:
-        pred = [rule_spans(v, x, p, 0.5, threshold, rule) for v, x, p in zip(views, logits, probs)]
+        pred = spans_of(views, logits, threshold, rule)
         row |= {k: round(v, 4) for k, v in span_scores(pred, [v.sample.spans for v in views]).items()}
         grounded = [i for i, r in enumerate(records) if r["label"] == 0]
         row["grounded_without_span"] = round(float(np.mean([not pred[i] for i in grounded])), 4)
@@ -70,7 +80,7 @@ def main(work, epochs=2, rank=8, lr=5e-4, extra=()):
     fit = [i for i, r in enumerate(train) if r["source"] not in held and r["use"]]
     probe = [i for i, r in enumerate(train) if r["source"] in held]
     print(f"fit {len(fit)} answers, probe {len(probe)} ({len(held)} of {len(sources)} sources)", flush=True)
-    ad = Adapter(sm.model, 15, 6, rank=rank)
+    ad = Adapter(sm.model, rank=rank)
     params = [p for p in ad.parameters() if p.requires_grad]
     print("trainable", sum(p.numel() for p in params))
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
@@ -99,10 +109,9 @@ def main(work, epochs=2, rank=8, lr=5e-4, extra=()):
     # the span rule, on the probe
     tok = sm.tokenizer
     probe_views = [encode(train_samples[i], tok, "raw") for i in probe]
-    probe_top = [float(1 / (1 + np.exp(-x.max()))) if len(x) else 0.0 for x in probe_logits]
-    threshold, rule, fitted = fit_span_rule(probe_logits, probe_views, np.array(probe_top), 0.5)
+    threshold, rule, fitted = fit_span_rule(probe_logits, probe_views, np.array(answer_probs(probe_logits)), 0.5)
     print("rule", threshold, rule, fitted, flush=True)
-    report("probe", [train[i] for i in probe], probe_logits, probe_views, threshold, rule, probe_top)
+    report("probe", [train[i] for i in probe], probe_logits, probe_views, threshold, rule)
     state = {k: v for k, v in ad.state_dict().items() if k.startswith(("loras", "norm", "head")) and ".base." not in k}
     torch.save({"state": state, "threshold": threshold, "rule": rule, "rank": rank},
                work + f"adapter-r{rank}-e{epochs}{''.join('-' + d for d, _ in extra)}.pt")
@@ -114,15 +123,14 @@ def read_dev(work, tag, dataset="ragtruth:all", file="dev.pt"):
     torch.set_num_threads(2)
     sm = load_model("smollm2-135m")
     saved = torch.load(work + f"adapter-{tag}.pt", weights_only=False)
-    ad = Adapter(sm.model, 15, 6, rank=saved["rank"])
+    ad = Adapter(sm.model, rank=saved["rank"])
     ad.load_state_dict(saved["state"], strict=False)
     dev = torch.load(work + file, weights_only=False)["records"]
     dev_samples = [s for s in load_dataset(dataset)[0] if split_of(s) == "dev"]
     assert len(dev_samples) == len(dev)
     dev_views = [encode(s, sm.tokenizer, "raw") for s in dev_samples]
     dev_logits = scores(ad, dev)
-    dev_top = [float(1 / (1 + np.exp(-x.max()))) if len(x) else 0.0 for x in dev_logits]
-    report(f"dev {dataset}", dev, dev_logits, dev_views, saved["threshold"], saved["rule"], dev_top)
+    report(f"dev {dataset}", dev, dev_logits, dev_views, saved["threshold"], saved["rule"])
     np.save(work + f"dev-{tag}-{file.removesuffix('.pt')}.npy", np.array([x.max() for x in dev_logits]))
     np.save(work + f"dev-{tag}-{file.removesuffix('.pt')}-tokens.npy", np.array(dev_logits, dtype=object),
             allow_pickle=True)
