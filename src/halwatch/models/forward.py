@@ -851,8 +851,8 @@ def whitebox_request(model) -> SignalRequest:
     diagonal (LLM-Check); and the lexical support of the response by its context. Benchmarks always ask for exactly
     this, and the scorer serves any request it covers from its cached entries, so detectors, protocols and reruns
     share one pass per answer. The attention sink (:func:`halwatch.signals.reducers.sink`) is not in it: no detector
-    reads it since its feature was dropped (a shortcut, :mod:`halwatch.detectors.fused`), and it took a fifth of each
-    cached answer (962 kB against 775 kB per RAGTruth answer)."""
+    reads it since its feature was dropped (a shortcut, :mod:`halwatch.detectors.fused`), and every cached answer
+    kept it, one number per head and response token."""
     return SignalRequest(
         token_stats=True,
         hidden_layers=(model.n_layers // 2, model.n_layers),
