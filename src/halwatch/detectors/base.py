@@ -142,6 +142,15 @@ def check_confidence(value) -> float:
     return value
 
 
+def warn_precision(name: str, identity: dict, scorer) -> None:
+    """One warning where a detector fitted on signals of one precision scores another's (it works: the scores move
+    slightly, docs/scale.md "Device and precision" measures how much for the shipped default)."""
+    fitted, own = identity.get("dtype", "float32"), scorer.identity()["dtype"]  # before the choice: float32
+    if own != fitted:
+        log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ slightly "
+                    "from the fitted model's (docs/scale.md, 'Device and precision')", name, fitted, own)
+
+
 class Detector:
     """Base class: subclasses set ``name`` and ``citation`` and implement ``request`` and ``raw_scores``
     (and optionally ``token_scores``, ``fit_method``, ``state``/``set_state``)."""
@@ -603,7 +612,10 @@ class Detector:
             f.write("\n")
 
     @classmethod
-    def from_dict(cls, d: dict, scorer=None) -> "Detector":
+    def from_dict(cls, d: dict, scorer=None, precision_warning: bool = True) -> "Detector":
+        """The detector an artifact describes, checked against ``scorer``: a different input mode or model is
+        refused; a different precision works, with one warning (``precision_warning=False``: the caller warns
+        once for several artifacts, as a routed detector does for its parts)."""
         det = cls(scorer=scorer, calibration=d["calibration"]["method"], decision=d.get("decision", "f1"),
                   prior=d.get("prior"), **d.get("settings", {}))
         det.ood_reference = d.get("ood_reference")
@@ -633,8 +645,6 @@ class Detector:
                         f"detector was fitted with {key}={det.identity[key]} ({det.identity['scoring_model']}), "
                         f"but the scorer has {key}={mine}: fit it again for this setting (`halwatch fit`)"
                     )
-            fitted, own = det.identity.get("dtype", "float32"), scorer.identity()["dtype"]  # before the choice: float32
-            if own != fitted:
-                log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ "
-                            "slightly from the fitted model's", d["detector"], fitted, own)
+            if precision_warning:
+                warn_precision(d["detector"], det.identity, scorer)
         return det

@@ -144,13 +144,13 @@ class LRP4RAG(Detector):
         return {"model": self.model}
 
     @classmethod
-    def from_dict(cls, d: dict, scorer=None) -> "LRP4RAG":
+    def from_dict(cls, d: dict, scorer=None, precision_warning: bool = True) -> "LRP4RAG":
         """An artifact saved before the ``normalize`` setting existed was fitted on raw relevance: it loads with
         ``normalize=none`` (its ``target`` was always saved)."""
         settings = d.get("settings", {})
         if "normalize" not in settings:
             d = {**d, "settings": {**settings, "normalize": "none"}}
-        return super().from_dict(d, scorer=scorer)
+        return super().from_dict(d, scorer=scorer, precision_warning=precision_warning)
 
     def set_state(self, state):
         self.model = state.get("model", {})

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of, warn_precision
 from halwatch.detectors.calibration import MIN_FOR_SHARE, logit
 from halwatch.detectors.fused import Fused, signal_request
 from halwatch.errors import HalwatchError, InputError
@@ -303,8 +303,10 @@ class Routed(Detector):
         if unknown or det.settings["fallback"] not in parts:
             raise HalwatchError(f"routed artifact: parts {sorted(parts)} must be tasks ({', '.join(TASKS)}) and "
                                 f"include the fallback {det.settings['fallback']!r}")
-        det.parts = {t: Fused.from_dict(p, scorer=scorer) for t, p in parts.items()}
+        det.parts = {t: Fused.from_dict(p, scorer=scorer, precision_warning=False) for t, p in parts.items()}
         det.identity = dict(det.parts[det.settings["fallback"]].identity)
+        if scorer is not None and det.identity:  # one warning for the whole artifact, not one per part
+            warn_precision(d["detector"], det.identity, scorer)
         det.min_span_confidence = check_confidence(d.get("min_span_confidence", 0.0))
         det.fitted_on = d.get("fitted_on", {})
         return det
