@@ -2,6 +2,7 @@
 
 import os
 import stat
+import threading
 
 import pytest
 
@@ -32,3 +33,20 @@ def test_a_written_file_has_the_users_permissions_and_a_failed_write_leaves_the_
     with replaced(tmp_path / "new" / "x.bin", binary=True) as f:
         f.write(b"\x00\x01")
     assert (tmp_path / "new" / "x.bin").read_bytes() == b"\x00\x01"
+
+
+def test_a_pipe_or_device_is_written_in_place_not_replaced(tmp_path):
+    # renaming a finished file over /dev/null made it a plain root-only file (halwatch score --output /dev/null as
+    # root): a target that is no regular file is written as it is, and stays what it was
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_text()), daemon=True)
+    reader.start()
+    write_jsonl(pipe, [{"id": "a"}, {"id": "b"}])
+    reader.join(timeout=30)
+    assert got == ['{"id": "a"}\n{"id": "b"}\n']
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+    with replaced(os.devnull) as f:
+        f.write("nothing\n")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)

@@ -23,8 +23,16 @@ def _fresh(path: Path) -> tuple[int, Path]:
 def replaced(path: str | Path, binary: bool = False):
     """An open file (text in UTF-8, or ``binary``) whose contents replace ``path`` when the block ends without an
     error: written to a temporary file beside it with the permissions any new file of the user gets, then renamed
-    over ``path``. On an error, or an interrupt, the temporary file is removed and ``path`` is left as it was."""
+    over ``path``. On an error, or an interrupt, the temporary file is removed and ``path`` is left as it was.
+
+    A ``path`` that exists and is no regular file (``/dev/null``, a named pipe, a terminal) is written in place:
+    renaming over it would replace the device or pipe itself with a plain file (as root, ``--output /dev/null`` made
+    ``/dev/null`` a root-only file), and a stream has no "as it was" to keep."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        with open(path, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _fresh(path)
     try:
