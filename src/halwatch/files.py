@@ -29,14 +29,15 @@ def replaced(path: str | Path, binary: bool = False):
     renaming over it would replace the device or pipe itself with a plain file (as root, ``--output /dev/null`` made
     ``/dev/null`` a root-only file), and a stream has no "as it was" to keep."""
     path = Path(path)
+    mode, text = ("wb", {}) if binary else ("w", {"encoding": "utf-8"})
     if path.exists() and not path.is_file():
-        with open(path, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        with open(path, mode, **text) as f:
             yield f
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _fresh(path)
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, **text) as f:
             yield f
         os.replace(tmp, path)
     except BaseException:
