@@ -11,7 +11,7 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from halwatch.data.splits import split_of
-from halwatch.detectors import load_detector, read_artifact
+from halwatch.detectors import load_detector
 from halwatch.eval.protocols import load_dataset
 from halwatch.sample import task_of
 from halwatch.scorer import Scorer
@@ -21,8 +21,6 @@ def main(name, n):
     samples = [s for s in load_dataset(name)[0] if split_of(s) == "dev"]
     samples = [samples[i] for i in sorted(np.random.default_rng(0).permutation(len(samples))[:n])]
     labels = np.array([s.label for s in samples])
-    thresholds = read_artifact("default")["thresholds"]
-    cut = np.array([thresholds.get(task_of(s), thresholds["qa"]) for s in samples])
     probs, rate = {}, {}
     for dtype in ("float32", "bfloat16"):
         scorer = Scorer(device="cpu", dtype=dtype, cache=False)
@@ -32,6 +30,7 @@ def main(name, n):
         probs[dtype] = detector.score(samples)
         rate[dtype] = len(samples) / (time.time() - start)
     a, b = probs["float32"], probs["bfloat16"]
+    cut = np.array([detector.parts[detector.route(task_of(s))].threshold for s in samples])  # each answer's part
     moved = np.abs(a - b)
     flips = ((a >= cut) != (b >= cut)).mean()
     print(f"| {name} | {len(samples)} | {np.median(moved):.4f} | {np.quantile(moved, 0.95):.4f} | {moved.max():.4f} "

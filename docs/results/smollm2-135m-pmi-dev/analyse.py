@@ -72,9 +72,9 @@ def main(work, names, seeds=20, draws=1000):
             assert row["labels"] == list(y), f"{name}: the routed predictions are of other answers"
             base = logit(np.clip(np.array(row["probs"]), 1e-6, 1 - 1e-6))[:, None]
             both = np.hstack([base, fq[:, :1]])
-            gains = [held_auroc(both, y, src, s)[0] - held_auroc(base, y, src, s)[0] for s in range(seeds)]
-            _, b0 = held_auroc(base, y, src, 0)
-            _, b1 = held_auroc(both, y, src, 0)
+            runs = [(held_auroc(base, y, src, s), held_auroc(both, y, src, s)) for s in range(seeds)]
+            gains = [with_pmi[0] - alone[0] for alone, with_pmi in runs]
+            (_, b0), (_, b1) = runs[0]  # the held-out scores of seed 0, for the bootstrap
             rng, boot, sources = np.random.default_rng(0), [], np.unique(src)
             for _ in range(draws):
                 pick = np.concatenate([np.flatnonzero(src == s) for s in rng.choice(sources, len(sources))])
