@@ -89,6 +89,8 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     assert len(json.loads((tmp_path / "results.json").read_text())) == len(bench.rows)
     report = write_report(tmp_path).read_text()
     assert "## ragtruth-official, probe 12, input mode raw" in report and "Average AUROC rank" in report
+    # every row and the report name the precision the signals were made in (the session's pin: float32)
+    assert {r["dtype"] for r in bench.rows} == {"float32"} and "smollm2-135m / raw / float32 / " in report
     assert list(tmp_path.glob("roc-*.png")) and list(tmp_path.glob("transfer-*.png"))
     # no AUROC rests on tied scores: the ranking score of a continuous detector has (almost) no ties (response
     # length counts tokens, so its ties are real)

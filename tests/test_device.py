@@ -13,13 +13,14 @@ import torch
 from halwatch.detectors import load_detector
 from halwatch.errors import ModelError
 from halwatch.models.forward import whitebox_request
-from halwatch.models.loader import resolve_device, resolve_dtype
+from halwatch.models.loader import cpu_computes_bfloat16, resolve_device, resolve_dtype
 from halwatch.scorer import Scorer
 
 
-def test_devices_and_dtypes_are_checked():
+def test_devices_and_dtypes_are_checked(monkeypatch):
     assert resolve_device("cpu") == "cpu"
     if torch.cuda.is_available():
+        monkeypatch.delenv("HALWATCH_DTYPE")  # the session's float32 pin (conftest)
         assert resolve_device("auto") == "cuda:0" and resolve_dtype("auto", "cuda:0") in ("bfloat16", "float16")
     for bad in ("tpu", "cuda:x", "cpu:1"):
         with pytest.raises(ModelError, match=f"unknown device '{bad}'"):
@@ -28,10 +29,46 @@ def test_devices_and_dtypes_are_checked():
         with pytest.raises(ModelError, match="no CUDA GPU"):
             resolve_device("cuda:0")
         assert resolve_device("auto") in ("cpu", "mps")
-    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
-    assert resolve_dtype("auto", "mps") == "float16"
+    assert resolve_dtype("bfloat16", "cpu") == "bfloat16"
     with pytest.raises(ModelError, match="unknown dtype 'int8'"):
         resolve_dtype("int8", "cpu")
+
+
+def test_auto_picks_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch):
+    flags = "flags\t\t: fpu vme sse sse2 avx2 avx512f avx512bw"
+    plain, native = tmp_path / "plain", tmp_path / "native"
+    plain.write_text(f"processor\t: 0\n{flags}\n\nprocessor\t: 1\n{flags}\n")
+    native.write_text(f"processor\t: 0\n{flags} avx512_bf16 avx512_vnni\n")
+    assert not cpu_computes_bfloat16(plain) and cpu_computes_bfloat16(native)
+    assert not cpu_computes_bfloat16(tmp_path / "missing")  # not Linux: float32, as before
+    # the test session pins float32 (conftest); unset, auto follows this machine's CPU
+    assert resolve_dtype("auto", "cpu") == "float32"
+    monkeypatch.delenv("HALWATCH_DTYPE")
+    assert resolve_dtype("auto", "cpu") == ("bfloat16" if cpu_computes_bfloat16() else "float32")
+    assert resolve_dtype("auto", "mps") == "float16" and resolve_dtype("float32", "cpu") == "float32"
+    monkeypatch.setenv("HALWATCH_DTYPE", "bfloat16")
+    assert resolve_dtype("auto", "cpu") == "bfloat16" and resolve_dtype("float32", "cpu") == "float32"
+    monkeypatch.setenv("HALWATCH_DTYPE", "half")
+    with pytest.raises(ModelError, match="HALWATCH_DTYPE='half'"):
+        resolve_dtype("auto", "cpu")
+
+
+@pytest.mark.skipif(not cpu_computes_bfloat16() or torch.cuda.is_available(),
+                    reason="needs a CPU with bfloat16 instructions and no GPU")
+def test_the_default_command_scores_in_bfloat16_on_such_a_cpu(halwatch, monkeypatch, caplog):
+    monkeypatch.delenv("HALWATCH_DTYPE")
+    args = ("score", "--context", "Insulin is made by the beta cells of the pancreas.",
+            "--question", "What makes insulin?", "--response", "The beta cells of the pancreas make insulin.")
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        done = halwatch(*args)
+    assert '"hallucinated": false' in done.stdout
+    warned = [r.getMessage() for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
+    assert len(warned) == 1 and "--dtype float32 scores as it was fitted" in warned[0], warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        pinned = halwatch(*args, "--dtype", "float32")
+    assert not [r for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
+    assert pinned.stdout != done.stdout  # the precisions' probabilities differ in the last places
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

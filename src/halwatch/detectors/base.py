@@ -148,7 +148,8 @@ def warn_precision(name: str, identity: dict, scorer) -> None:
     fitted, own = identity.get("dtype", "float32"), scorer.identity()["dtype"]  # before the choice: float32
     if own != fitted:
         log.warning("detector %r was fitted on %s signals and scores %s ones here: its scores will differ slightly "
-                    "from the fitted model's (docs/scale.md, 'Device and precision')", name, fitted, own)
+                    "from the fitted model's; --dtype %s scores as it was fitted (docs/scale.md, 'Device and "
+                    "precision')", name, fitted, own, fitted)
 
 
 class Detector:

@@ -297,7 +297,7 @@ class Bench:
         """One result row and the test predictions: ``scored`` = (probabilities, ranking scores); AUROC and AUC-PR
         rank by the ranking score, which predictions.jsonl keeps as ``raw``."""
         probs, ranking = scored
-        identity = {k: v for k, v in self.scorer.identity().items() if k in ("scoring_model", "input_mode")}
+        identity = {k: v for k, v in self.scorer.identity().items() if k in ("scoring_model", "input_mode", "dtype")}
         row = {
             "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **identity,
             "windows": self.scorer.windows,  # the most windows a long test context was scored in (1: left cut)
@@ -307,7 +307,7 @@ class Bench:
         }
         self.rows.append(row)
         self.predictions.append({k: row[k] for k in ("dataset", "detector", "protocol", "seed", "input_mode",
-                                                     "probe_size")}
+                                                     "dtype", "probe_size")}
                                 | {"labels": [int(x) for x in labels], "probs": [float(p) for p in probs],
                                    "raw": [float(r) for r in ranking]})
         return row
@@ -500,7 +500,7 @@ class Bench:
 
 def save_results(out_dir, rows, predictions) -> None:
     """Merge rows into ``results.json`` and predictions into ``predictions.jsonl`` (a rerun replaces the rows of
-    the same dataset, detector, protocol, seed, input mode and scoring model); both written atomically."""
+    the same dataset, detector, protocol, seed, input mode, scoring model and precision); both written atomically."""
     import json
     from pathlib import Path
 
@@ -508,7 +508,7 @@ def save_results(out_dir, rows, predictions) -> None:
     out.mkdir(parents=True, exist_ok=True)
     def key(r):
         return (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"], r.get("scoring_model"),
-                r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
+                r.get("dtype", "float32"), r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
 
     for name, new in (("results.json", rows), ("predictions.jsonl", predictions)):
         path = out / name

@@ -225,8 +225,8 @@ def write_report(out_dir) -> Path:
     shapes = [r for r in rows if r["protocol"] == "shape-transfer"]
     commands = (out / "commands.txt").read_text().splitlines() if (out / "commands.txt").exists() else []
     lines = ["# halwatch benchmark report", "", "Made with:", "", "```", *commands, "```", ""]
-    ident = sorted({(r["scoring_model"], r["input_mode"], r["commit"]) for r in rows})
-    lines += [f"Scoring model / input mode / commit: {', '.join(' / '.join(i) for i in ident)}", ""]
+    ident = sorted({(r["scoring_model"], r["input_mode"], r.get("dtype", "float32"), r["commit"]) for r in rows})
+    lines += [f"Scoring model / input mode / precision / commit: {', '.join(' / '.join(i) for i in ident)}", ""]
     for (protocol, probe, mode), group in sorted(_group(main, "protocol", "probe_size", "input_mode").items(),
                                                  key=lambda kv: tuple(map(str, kv[0]))):
         seeds = sorted({r["seed"] for r in group})

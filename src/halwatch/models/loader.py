@@ -26,8 +26,9 @@ def add_device_options(parser) -> None:
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]|mps",
                         help="where the model runs (default auto: the GPU where there is one, else the CPU)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="the model's precision (default auto: float32 on a CPU, bfloat16 on a GPU that has "
-                             "it, else float16)")
+                        help="the model's precision (default auto: $HALWATCH_DTYPE where set, else bfloat16 on a "
+                             "GPU or CPU that computes it natively, float16 on other GPUs and MPS, float32 on other "
+                             "CPUs)")
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -57,8 +58,22 @@ def resolve_device(device: str = "auto") -> str:
     return kind
 
 
+def cpu_computes_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has bfloat16 instructions (x86's AVX-512 BF16 or AMX BF16 among Linux's ``/proc/cpuinfo``
+    flags). False where that cannot be read (other systems), and on CPUs without them, where torch would convert
+    every product and bfloat16 gains nothing."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    flags = {flag for line in text.splitlines() if line.startswith("flags") for flag in line.partition(":")[2].split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def resolve_dtype(dtype: str, device: str) -> str:
-    """``auto``: float32 on the CPU, bfloat16 on a GPU that supports it (else float16), float16 on MPS."""
+    """``auto``: ``$HALWATCH_DTYPE`` where it is set; else bfloat16 on a GPU that supports it (else float16), float16
+    on MPS, bfloat16 on a CPU that computes it natively (:func:`cpu_computes_bfloat16`: 2-2.7x faster than float32
+    there, docs/scale.md) and float32 on other CPUs."""
     import torch
 
     dtype = (dtype or "auto").strip().lower()
@@ -66,15 +81,22 @@ def resolve_dtype(dtype: str, device: str) -> str:
         raise ModelError(f"unknown dtype {dtype!r}: choose {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype
+    chosen = os.environ.get("HALWATCH_DTYPE", "").strip().lower()
+    if chosen:
+        if chosen not in DTYPES[1:]:
+            raise ModelError(f"HALWATCH_DTYPE={chosen!r}: choose {', '.join(DTYPES[1:])} (or unset it for auto)")
+        return chosen
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return "float16" if device == "mps" else "float32"
+    if device == "mps":
+        return "float16"
+    return "bfloat16" if cpu_computes_bfloat16() else "float32"
 
 
 @dataclass
 class ScoringModel:
     """A causal LM and its tokenizer, with a stable identity (name + weights hash) for caches and artifacts, on
-    ``device`` in ``dtype`` (float32 unless asked otherwise)."""
+    ``device`` in ``dtype`` (:func:`resolve_dtype` picks it unless asked)."""
 
     name: str
     path: str
