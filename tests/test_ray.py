@@ -180,6 +180,25 @@ def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, short_answers,
         np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
 
 
+def test_ray_signals_are_made_in_the_drivers_precision(cluster, smol, short_answers):
+    """The driver caches actor-made signals under its own key, precision included: the actors compute in the
+    driver's precision even where their own `auto` would pick another (here: this cluster's processes were started
+    with the session's float32 pin, the driver's model is in bfloat16)."""
+    from halwatch.models.forward import whitebox_request
+    from halwatch.models.loader import load_model
+    from halwatch.scale import ray_signals
+    from halwatch.scorer import Scorer
+
+    samples = short_answers[0][:1]
+    half = Scorer(model=load_model("smollm2-135m", device="cpu", dtype="bfloat16"), max_tokens=512, cache=None)
+    request = whitebox_request(smol)
+    (remote,) = ray_signals(half, samples, request, address=cluster, actors=1)
+    (here,) = half.signals(samples, request)
+    (full,) = Scorer(model=smol, max_tokens=512, cache=None).signals(samples, request)
+    assert np.abs(full.logprobs - here.logprobs).max() > 1e-3  # the precisions differ where the test looks
+    np.testing.assert_allclose(remote.logprobs, here.logprobs, atol=1e-4)
+
+
 def test_an_address_where_nothing_listens_fails_at_once(records, tmp_path):
     """Nothing listens on the address: one line saying so, within a minute, and nothing written (Ray alone retries
     for many minutes)."""

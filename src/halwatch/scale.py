@@ -318,8 +318,10 @@ def ray_signals(scorer, samples, request, address: str | None = None, actors: in
     check_resources(ray, actors, cpus_per_actor, gpus_per_actor)
     rows = _items([{**sample_record(sample), "id": str(i)} for i, sample in enumerate(samples)])
     model = scorer.model.name if scorer.model.name in registry.MODELS else scorer.model.path
+    # the driver's precision, not its option: the driver caches these signals under its own key, so an actor whose
+    # machine would pick another precision for "auto" (a CPU with or without bfloat16) must not
     options = {"model": model, "input_mode": scorer.input_mode, "max_tokens": scorer.max_tokens,
-               "device": scorer.device, "dtype": scorer.dtype, "batch_size": None}
+               "device": scorer.device, "dtype": scorer.model.dtype, "batch_size": None}
     out = _map(ray.data.from_items(rows), SignalActor, {"request": request, "scorer_options": options}, actors,
                cpus_per_actor, gpus_per_actor, batch_size)
     signals: list = [None] * len(samples)
