@@ -40,7 +40,7 @@ def pytest_configure(config):
     os.environ["HALWATCH_HOME"] = str(_TEST_HOME)
     # every figure the tests compare (NumPy references at 1e-5, batched against one-by-one at 1e-4, fitted
     # artifacts) is float32's; `auto` would pick bfloat16 on a CPU that has it (tests/test_device.py checks that)
-    os.environ.setdefault("HALWATCH_DTYPE", "float32")
+    os.environ["HALWATCH_DTYPE"] = "float32"
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers (pytest-xdist): one core each
         import torch
 

@@ -206,6 +206,7 @@ def test_calibrate_holds_the_asked_rate_on_the_answers_it_saw(tmp_path, halwatch
     recal = json.loads(art.read_text())
     qa = recal["parts"]["qa"]  # the default is routed: the QA answers recalibrate its qa part alone
     assert qa["decision"] == "conformal fpr=0.2" and qa["fitted_on"]["recalibrated"]["n"] == 27
+    assert qa["fitted_on"]["recalibrated"]["data"].endswith("; scored in float32")  # its thresholds hold for that
     assert recal["fitted_on"]["recalibrated"] == ["qa"]
     scored = tmp_path / "scored.jsonl"
     halwatch("score", "--input", str(data), "--output", str(scored), "--detector", str(art))

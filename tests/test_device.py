@@ -4,6 +4,7 @@ another precision. Batches chosen by a token budget."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from halwatch.detectors import load_detector
 from halwatch.errors import ModelError
+from halwatch.models import loader
 from halwatch.models.forward import whitebox_request
 from halwatch.models.loader import cpu_computes_bfloat16, resolve_device, resolve_dtype
 from halwatch.scorer import Scorer
@@ -41,11 +43,17 @@ def test_auto_picks_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch):
     native.write_text(f"processor\t: 0\n{flags} avx512_bf16 avx512_vnni\n")
     assert not cpu_computes_bfloat16(plain) and cpu_computes_bfloat16(native)
     assert not cpu_computes_bfloat16(tmp_path / "missing")  # not Linux: float32, as before
-    # the test session pins float32 (conftest); unset, auto follows this machine's CPU
+    # the test session pins float32 (conftest); unset (or auto), auto follows the CPU's instructions
     assert resolve_dtype("auto", "cpu") == "float32"
-    monkeypatch.delenv("HALWATCH_DTYPE")
-    assert resolve_dtype("auto", "cpu") == ("bfloat16" if cpu_computes_bfloat16() else "float32")
-    assert resolve_dtype("auto", "mps") == "float16" and resolve_dtype("float32", "cpu") == "float32"
+    for unset in (None, "auto"):
+        if unset is None:
+            monkeypatch.delenv("HALWATCH_DTYPE")
+        else:
+            monkeypatch.setenv("HALWATCH_DTYPE", unset)
+        for native in (True, False):
+            monkeypatch.setattr(loader, "cpu_computes_bfloat16", lambda native=native: native)
+            assert resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+            assert resolve_dtype("auto", "mps") == "float16" and resolve_dtype("float32", "cpu") == "float32"
     monkeypatch.setenv("HALWATCH_DTYPE", "bfloat16")
     assert resolve_dtype("auto", "cpu") == "bfloat16" and resolve_dtype("float32", "cpu") == "float32"
     monkeypatch.setenv("HALWATCH_DTYPE", "half")
@@ -68,7 +76,7 @@ def test_the_default_command_scores_in_bfloat16_on_such_a_cpu(halwatch, monkeypa
     with caplog.at_level(logging.WARNING, logger="halwatch"):
         pinned = halwatch(*args, "--dtype", "float32")
     assert not [r for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
-    assert pinned.stdout != done.stdout  # the precisions' probabilities differ in the last places
+    assert json.loads(pinned.stdout)["score"] != json.loads(done.stdout)["score"]  # they differ in the last places
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -104,6 +112,18 @@ def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, p
     assert 0 < np.max(np.abs(lp_half - lp_full)) < 1.0  # the precision differs, the model does not
     n_views = sum(len(full.encode_windows(s)) for s in samples)  # a context over the cap: one entry per window
     assert len(list(tmp_path.rglob("*.npz"))) == 2 * n_views  # each precision has its own entries
+
+
+def test_a_detector_that_makes_its_own_scorer_warns_too(probe_by_size, monkeypatch, caplog):
+    """Loaded without a scorer, a detector makes one from its artifact on first use; where `auto` then picks
+    another precision than the fitted one, it warns as the command does."""
+    monkeypatch.setenv("HALWATCH_DTYPE", "bfloat16")
+    det = load_detector("default")
+    with caplog.at_level(logging.WARNING, logger="halwatch"):
+        p = det.score(probe_by_size[:1])
+    warned = [r.getMessage() for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
+    assert len(warned) == 1 and "'routed'" in warned[0] and 0 <= p[0] <= 1, warned
+    assert det.scorer.identity()["dtype"] == "bfloat16"
 
 
 def test_batches_by_token_budget(smol):

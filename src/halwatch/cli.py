@@ -354,6 +354,8 @@ def cmd_calibrate(args) -> int:
 
     detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
     views, raw = detector.answers(samples, progress=True)[:2]
+    # the new thresholds hold for scores of this precision (the artifact's "dtype" stays that of its fit)
+    describe = f"{describe}; scored in {scorer.identity()['dtype']}"
     found = detector.recalibrate(raw, labels, args.target_fpr, describe, tasks=[task_of(v.sample) for v in views])
     detector.save(args.output)
     if found.get("kept"):

@@ -288,6 +288,10 @@ def score_records(records: list[dict], output: str | Path, detector: str | dict 
         return stats
     ray = connect(address, timeout=timeout)
     check_resources(ray, actors, cpus_per_actor, gpus_per_actor)
+    if scorer_options:  # this process's $HALWATCH_DTYPE reaches the actors; a plain `auto` resolves on each node
+        from halwatch.models.loader import chosen_dtype
+
+        scorer_options = {**scorer_options, "dtype": chosen_dtype(scorer_options.get("dtype", "auto"))}
     dataset = ray.data.from_items(_items(todo))
     scored = score_dataset(dataset, detector, scorer_options, actors, cpus_per_actor, gpus_per_actor, batch_size)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -249,11 +249,14 @@ class Detector:
 
     # ---- the contract ---------------------------------------------------------------------------------------------
     def _scorer(self):
-        """The scorer given at construction, else one made from the artifact's identity (or the defaults)."""
+        """The scorer given at construction, else one made from the artifact's identity (or the defaults; warning,
+        as a given one does, where its precision is not the fitted one's)."""
         if self.scorer is None:
             from halwatch.scorer import Scorer
 
             self.scorer = Scorer.from_options(identity=self.identity)
+            if self.identity:
+                warn_precision(self.name, self.identity, self.scorer)
         return self.scorer
 
     def _signals(self, samples, progress=False, views=None):

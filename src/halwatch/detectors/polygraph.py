@@ -60,7 +60,7 @@ rather than reproduced with that shift.
 One pass feeds every estimator: the first polygraph detector to score an answer computes the statistics once and
 caches the score of *every* estimator of that pass (with the answer's token log-likelihoods) in the scorer's signal
 cache (:class:`PolygraphRequest`, the ``extra`` pass of :class:`halwatch.models.forward.SignalRequest`), keyed like
-every other signal (scoring model and weights, input mode, token ids, prompt boundary, answer header) plus
+every other signal (scoring model and weights, precision, input mode, token ids, prompt boundary, answer header) plus
 :data:`ADAPTER_VERSION` and the installed LM-Polygraph version; every other ``polygraph:NAME`` detector, and every
 rerun, reads that entry and imports nothing. CSL's eliciting pass is cached the same way beside it.
 """

@@ -52,7 +52,8 @@ def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list
         from halwatch.scorer import Scorer
 
         source = Scorer(model=map_from_model, input_mode=scorer.input_mode, max_tokens=scorer.max_tokens,
-                        cache=scorer.cache is not None and scorer.cache.root, batch_size=scorer.batch_size)
+                        cache=scorer.cache is not None and scorer.cache.root, batch_size=scorer.batch_size,
+                        device=scorer.device, dtype=scorer.dtype)
         bench.run_mapped(source, datasets, seeds=seed_list, probe_size=probe_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

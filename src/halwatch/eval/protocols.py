@@ -500,7 +500,8 @@ class Bench:
 
 def save_results(out_dir, rows, predictions) -> None:
     """Merge rows into ``results.json`` and predictions into ``predictions.jsonl`` (a rerun replaces the rows of
-    the same dataset, detector, protocol, seed, input mode, scoring model and precision); both written atomically."""
+    the same dataset, detector, protocol, seed, input mode and scoring model, whatever its precision); both written
+    atomically."""
     import json
     from pathlib import Path
 
@@ -508,7 +509,7 @@ def save_results(out_dir, rows, predictions) -> None:
     out.mkdir(parents=True, exist_ok=True)
     def key(r):
         return (r["dataset"], r["detector"], r["protocol"], r["seed"], r["input_mode"], r.get("scoring_model"),
-                r.get("dtype", "float32"), r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
+                r.get("probe_size"), json.dumps(r.get("settings", {}), sort_keys=True))
 
     for name, new in (("results.json", rows), ("predictions.jsonl", predictions)):
         path = out / name

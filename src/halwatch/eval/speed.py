@@ -42,14 +42,16 @@ def _timed(fn, repeats: int, warm_up: bool = True) -> float:
     return statistics.median(times)
 
 
-def _load_seconds(model: str) -> tuple[float, float, float]:
+def _load_seconds(model: str, device: str, dtype: str) -> tuple[float, float, float]:
     """In a fresh process: import of torch + transformers, the first load of the model from the cache (which also
-    imports transformers' model and tokenizer modules lazily), and a second load (files only)."""
+    imports transformers' model and tokenizer modules lazily), and a second load (files only), on ``device`` in
+    ``dtype`` (the measuring process's)."""
+    load = f"load_model({model!r}, pull_missing=False, device={device!r}, dtype={dtype!r})"
     code = (
         "import time; t0 = time.perf_counter(); import torch, transformers; t1 = time.perf_counter();"
-        "from halwatch.models import load_model; load_model(%r, pull_missing=False); t2 = time.perf_counter();"
-        "load_model(%r, pull_missing=False); t3 = time.perf_counter();"
-        "print(t1 - t0, t2 - t1, t3 - t2)" % (model, model)
+        f"from halwatch.models import load_model; {load}; t2 = time.perf_counter();"
+        f"{load}; t3 = time.perf_counter();"
+        "print(t1 - t0, t2 - t1, t3 - t2)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     return float(out[-3]), float(out[-2]), float(out[-1])
@@ -436,7 +438,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         if "phases" in parts:
             results["phases"] = phases(default, batched_answers, phase_batch, out=out)
         return results
-    t_import, t_first, t_again = _load_seconds(model)
+    t_import, t_first, t_again = _load_seconds(model, str(shared.device), shared.dtype)
     out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
         f"{t_import:.2f} s; load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
         f"{t_again:.2f} s once those are imported")

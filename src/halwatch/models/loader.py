@@ -70,22 +70,29 @@ def cpu_computes_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """``auto``: ``$HALWATCH_DTYPE`` where it is set; else bfloat16 on a GPU that supports it (else float16), float16
-    on MPS, bfloat16 on a CPU that computes it natively (:func:`cpu_computes_bfloat16`: 2-2.7x faster than float32
-    there, docs/scale.md) and float32 on other CPUs."""
-    import torch
-
+def chosen_dtype(dtype: str) -> str:
+    """The precision asked for, checked: ``auto`` is ``$HALWATCH_DTYPE`` where that is set (what a process on
+    another machine, a Ray actor, must be told), else stays ``auto`` for :func:`resolve_dtype`."""
     dtype = (dtype or "auto").strip().lower()
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}: choose {', '.join(DTYPES)}")
     if dtype != "auto":
         return dtype
-    chosen = os.environ.get("HALWATCH_DTYPE", "").strip().lower()
-    if chosen:
-        if chosen not in DTYPES[1:]:
-            raise ModelError(f"HALWATCH_DTYPE={chosen!r}: choose {', '.join(DTYPES[1:])} (or unset it for auto)")
-        return chosen
+    chosen = os.environ.get("HALWATCH_DTYPE", "auto").strip().lower() or "auto"
+    if chosen not in DTYPES:
+        raise ModelError(f"HALWATCH_DTYPE={chosen!r}: choose {', '.join(DTYPES[1:])} (or unset it for auto)")
+    return chosen
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` (:func:`chosen_dtype`: ``$HALWATCH_DTYPE`` where it is set): bfloat16 on a GPU that supports it
+    (else float16), float16 on MPS, bfloat16 on a CPU that computes it natively (:func:`cpu_computes_bfloat16`:
+    2-2.7x faster than float32 there, docs/scale.md) and float32 on other CPUs."""
+    import torch
+
+    dtype = chosen_dtype(dtype)
+    if dtype != "auto":
+        return dtype
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if device == "mps":
