@@ -90,6 +90,7 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path, h
     assert listing["default"] == "default"
     assert {d["name"] for d in listing["detectors"]} == {"default", "lookback-lens"}
     assert all("ragtruth" in d["fitted_on"]["data"].lower() for d in listing["detectors"])
+    assert all(d["dtype"] == d["scored_in"] == "float32" for d in listing["detectors"])  # the session's pin
 
 
 def test_a_long_context_is_scored_in_windows_and_says_so(service, probe):

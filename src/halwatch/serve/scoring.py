@@ -321,7 +321,8 @@ class ScoringService:
             per_task = ({"thresholds": det.thresholds, "priors": {t: p.assumed_prior() for t, p in det.parts.items()}}
                         if det.name == "routed" else {"prior": det.assumed_prior()})
             out.append({"name": name, "method": det.name, "citation": det.citation, "default": name == self.default,
-                        "threshold": det.threshold, **per_task, **det.identity, "fitted_on": det.fitted_on,
+                        "threshold": det.threshold, **per_task, **det.identity,
+                        "scored_in": det._scorer().identity()["dtype"], "fitted_on": det.fitted_on,
                         "settings": det.settings})
         return out
 
@@ -509,6 +510,9 @@ class DetectorInfo(BaseModel):
     prior: float | None = Field(None, description="the share of hallucinated answers its probabilities assume "
                                                  "(`halwatch calibrate --prior` restates it)")
     priors: dict[str, float] | None = Field(None, description="a routed detector's `prior` per task")
+    dtype: str | None = Field(None, description="the precision of the signals it was fitted on")
+    scored_in: str | None = Field(None, description="the precision this service scores it in (`--dtype`; where it "
+                                                    "differs from `dtype`, scores differ slightly from the fit's)")
 
 
 class DetectorList(BaseModel):
