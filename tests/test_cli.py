@@ -300,6 +300,10 @@ def test_bench_kinds_have_their_own_options_and_run_is_the_default(capsys):
     args = parser.parse_args(_bench_default_kind(argv))
     assert args.what == "run" and args.protocol == ["dev"] and args.windows == 8
     assert _bench_default_kind(["bench", "speed", "--lengths", "512"]) == ["bench", "speed", "--lengths", "512"]
+    assert parser.parse_args(["bench", "speed", "--lengths", "128", "512"]).lengths == [128, 512]
+    with pytest.raises(SystemExit):  # shorter than the timed answer: refused before anything loads
+        parser.parse_args(["bench", "speed", "--lengths", "64"])
+    assert "at least 128 tokens" in capsys.readouterr().err
     args = parser.parse_args(["bench", "serve", "--detectors", "default", "--clients", "1", "8"])
     assert args.detector == "default" and args.clients == [1, 8]
 

@@ -61,6 +61,15 @@ def _positive_int(text: str, other: str = "") -> int:
     return value
 
 
+def _speed_length(text: str) -> int:
+    """A sequence length of `bench speed --lengths`: room for the timed answer (about 70 tokens) and its prompt."""
+    value = _positive_int(text)
+    if value < 128:
+        raise argparse.ArgumentTypeError(f"must be at least 128 tokens (the timed answer alone has about 70), "
+                                         f"got {value}")
+    return value
+
+
 def _add_question_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt of a single answer")
     p.add_argument("--context", help="the retrieved context (or the document summarised, the knowledge of a dialogue "
@@ -703,7 +712,8 @@ def _add_bench_parser(sub) -> None:
     s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
     s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"],
                    help="what to measure (default lengths split; batched is the GPU measure)")
-    s.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024], help="lengths: sequence lengths")
+    s.add_argument("--lengths", type=_speed_length, nargs="+", default=[256, 512, 1024],
+                   help="lengths: sequence lengths, each at least 128 tokens (default 256 512 1024)")
     s.add_argument("--repeats", type=int, default=3, help="timed repeats per setting (median reported; default 3)")
     s.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32],
                    help="split: batch sizes (default 1 8 32; 32 answers)")
