@@ -23,7 +23,7 @@ from halwatch.detectors.base import Detector
 from halwatch.models.forward import SignalRequest
 from halwatch.models.sampling import SamplingRequest, yes_probability
 
-_JUDGED: dict = {}  # (judge, input mode, prompt) -> P(yes), kept for the life of the process
+_JUDGED: dict = {}  # (judge, precision, input mode, prompt) -> P(yes), kept for the life of the process
 
 
 class _SamplingDetector(Detector):
@@ -115,16 +115,16 @@ class _Judged(_SamplingDetector):
     def _ask(self, prompts: list[str]) -> np.ndarray:
         from halwatch.models.loader import load_model
 
-        judge = self.settings["judge"]
-        if judge and self._judge is None:
-            self._judge = load_model(judge)
-        model = self._judge if judge else self._scorer().model
-        mode = self._scorer().input_mode
-        todo = sorted({p for p in prompts if (model.name, mode, p) not in _JUDGED})
+        judge, scorer = self.settings["judge"], self._scorer()
+        if judge and self._judge is None:  # on the scoring model's device, in its precision
+            self._judge = load_model(judge, device=str(scorer.model.device), dtype=scorer.model.dtype)
+        model = self._judge if judge else scorer.model
+        mode = scorer.input_mode
+        todo = sorted({p for p in prompts if (model.name, model.dtype, mode, p) not in _JUDGED})
         if todo:
             for p, v in zip(todo, yes_probability(model, todo, mode)):
-                _JUDGED[(model.name, mode, p)] = float(v)
-        return np.array([_JUDGED[(model.name, mode, p)] for p in prompts])
+                _JUDGED[(model.name, model.dtype, mode, p)] = float(v)
+        return np.array([_JUDGED[(model.name, model.dtype, mode, p)] for p in prompts])
 
 
 SUPPORT_PROMPT = ("Context: {context}\n\nSentence: {sentence}\n\nIs the sentence supported by the context above? "

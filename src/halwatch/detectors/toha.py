@@ -145,8 +145,8 @@ class TOHACopyHeads(TOHA):
 
     def choose_heads(self, signals, labels) -> None:
         model = self._scorer().model
-        key = (model.name, model.weights_hash)
-        if key not in _COPY_SCORES:  # depends on the model only: computed once per process
+        key = (model.name, model.weights_hash, model.dtype)
+        if key not in _COPY_SCORES:  # depends on the model (and its precision) only: computed once per process
             _COPY_SCORES[key] = copy_head_scores(model)
         scores = _COPY_SCORES[key]
         flat = np.argsort(-scores.ravel(), kind="stable")[: self.settings["n_copy"]]

@@ -273,7 +273,8 @@ def build_app(model, api_key: str | None = None, queue_tokens: int = 32768, time
 
     @asynccontextmanager
     async def lifespan(app):
-        await asyncio.to_thread(server.load)
+        # on the model's own thread, as every request later (scoring.py's lifespan says why)
+        await asyncio.get_running_loop().run_in_executor(server.worker.pool, server.load)
         state.ready = True
         yield
         state.ready = False
