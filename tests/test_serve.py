@@ -93,6 +93,33 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path, h
     assert all(d["dtype"] == d["scored_in"] == "float32" for d in listing["detectors"])  # the session's pin
 
 
+def test_the_model_loads_warms_and_scores_on_one_thread(smol, monkeypatch):
+    """torch's parallel work on a second thread that stays alive slows every batch of the model thread by about
+    20 % on a CPU (docs/serving.md): the service warms its model up and scores on the worker's one thread (it
+    warmed up on an executor thread before)."""
+    from halwatch.serve import scoring
+
+    seen = []
+    warm_up, compute = scoring.ScoringService.warm_up, scoring.ScoringService.compute
+
+    def noting(step, method):
+        def run(self, *args):
+            seen.append((step, threading.current_thread().name))
+            return method(self, *args)
+        return run
+
+    monkeypatch.setattr(scoring.ScoringService, "warm_up", noting("warm up", warm_up))
+    monkeypatch.setattr(scoring.ScoringService, "compute", noting("compute", compute))
+    running = Running(build_app(["lookback-lens"], models={"smollm2-135m": smol}))
+    try:
+        got = Client(running.url).score(context="Insulin is made by beta cells.", question="What makes insulin?",
+                                        response="Beta cells make insulin.")
+    finally:
+        running.stop()
+    assert 0 <= got["score"] <= 1 and seen[0][0] == "warm up" and len(seen) > 3
+    assert {name for _, name in seen} == {seen[0][1]} and seen[0][1].startswith("halwatch-model"), seen
+
+
 def test_a_long_context_is_scored_in_windows_and_says_so(service, probe):
     long_one = max(probe, key=lambda s: len(s.prompt))
     text = long_one.prompt[long_one.context_span[0]:long_one.context_span[1]]
