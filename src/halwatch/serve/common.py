@@ -566,7 +566,9 @@ class Worker:
             self.recent.append(seconds / cost)
 
     async def run(self, fn, *args):
-        """``fn(*args)`` on the model thread; its result."""
+        """``fn(*args)`` on the model thread; its result. Everything that runs the model goes through here, loading
+        and warming up included: torch's parallel work (OpenMP) on a second thread that stays alive slows every
+        batch of the model thread by about 20 % on a CPU (docs/serving.md)."""
         return await asyncio.wrap_future(self.pool.submit(fn, *args))
 
     def close(self) -> None:

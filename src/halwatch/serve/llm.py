@@ -273,8 +273,7 @@ def build_app(model, api_key: str | None = None, queue_tokens: int = 32768, time
 
     @asynccontextmanager
     async def lifespan(app):
-        # on the model's own thread, as every request later (scoring.py's lifespan says why)
-        await asyncio.get_running_loop().run_in_executor(server.worker.pool, server.load)
+        await server.worker.run(server.load)  # on the model thread, as every request later (Worker.run says why)
         state.ready = True
         yield
         state.ready = False

@@ -551,9 +551,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
     async def lifespan(app):
         from concurrent.futures import ThreadPoolExecutor
 
-        # on the model's own thread, as every batch later: a second thread that has run torch's parallel work
-        # (OpenMP) and stays alive slows the model thread's by about 20 % on a CPU (docs/serving.md)
-        await asyncio.get_running_loop().run_in_executor(service.worker.pool, service.load)
+        await service.worker.run(service.load)  # on the model thread, as every batch later (Worker.run says why)
         service.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="halwatch-tokenize")
         service.queue = asyncio.Queue()
         task = asyncio.create_task(service.batcher())
