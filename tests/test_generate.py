@@ -38,6 +38,7 @@ def test_generate_is_labelled_and_resumable(smol, tmp_path):
     records = [json.loads(x) for x in out.read_text().splitlines()]
     for r in records:
         assert r["label"] in (0, 1) and r["response"] and "App. D.1" in r["meta"]["label_rule"]
+        assert r["meta"]["dtype"] == smol.dtype == "float32"  # the precision the answers were generated in
         assert r["label"] == label_answer(r["response"], r["meta"]["answers"], r["meta"]["is_impossible"])[0]
     if records:
         assert len(read_jsonl(out)) == len(records)  # the output is generic JSONL

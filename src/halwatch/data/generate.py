@@ -116,8 +116,8 @@ def generate_squad(scorer, output: str | Path, n: int, seed: int = 0, titles=Non
                           "label": label,
                           "meta": {"question_id": q.id, "title": q.title, "answers": q.answers,
                                    "is_impossible": q.is_impossible, "rouge_l": round(score, 4),
-                                   "generator": scorer.model.name, "input_mode": scorer.input_mode,
-                                   "label_rule": LABEL_RULE}}
+                                   "generator": scorer.model.name, "dtype": scorer.model.dtype,
+                                   "input_mode": scorer.input_mode, "label_rule": LABEL_RULE}}
                 target = kept if label is not None else dropped
                 target.write(json.dumps(record, ensure_ascii=False) + "\n")
                 target.flush()
@@ -152,8 +152,9 @@ def generate_file(scorer, samples, output: str | Path, detector=None, options: d
                 asked = {k: v for k, v in s.to_dict().items() if k in ("prompt", "context", "question")}
                 record = {"id": s.id, **asked,
                           "response": found.text,
-                          "meta": {**s.meta, "generator": scorer.model.name, "input_mode": scorer.input_mode,
-                                   "guide": guide, "options": options or {}, "n_tokens": len(found.token_ids),
+                          "meta": {**s.meta, "generator": scorer.model.name, "dtype": scorer.model.dtype,
+                                   "input_mode": scorer.input_mode, "guide": guide, "options": options or {},
+                                   "n_tokens": len(found.token_ids),
                                    "seconds": round(found.seconds, 3)}}
                 if "answers" in s.meta and "is_impossible" in s.meta:
                     label, score = (label_answer(found.text, s.meta["answers"], s.meta["is_impossible"])

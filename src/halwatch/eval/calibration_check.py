@@ -53,13 +53,14 @@ def run_calibration_check(detector: str = "default", datasets=("squad-shapes",),
             flagged = det.calibrator.transform(raw[check]) >= det.threshold
             reached.append((flagged[labels[check] == 0].mean(), flagged[labels[check] == 1].mean(), len(fit_part)))
         fpr, tpr, n = (np.array(x, dtype=float) for x in zip(*reached))
-        rows.append({"dataset": name, "split": split, "target_fpr": target_fpr, "seeds": seeds,
+        rows.append({"dataset": name, "split": split, "dtype": part.scorer.model.dtype, "target_fpr": target_fpr,
+                     "seeds": seeds,
                      "answers_calibrated": int(np.median(n)), "fpr_mean": round(float(fpr.mean()), 4),
                      "fpr_sd": round(float(fpr.std()), 4), "gap_mean": round(float(np.abs(fpr - target_fpr).mean()), 4),
                      "within_0.05": round(float((np.abs(fpr - target_fpr) <= 0.05).mean()), 4),
                      "tpr_mean": round(float(tpr.mean()), 4)})
     print(f"halwatch calibrate --target-fpr {target_fpr}: calibrated on one half of each {split} split (by source), "
-          f"checked on the other, {seeds} seeds")
+          f"checked on the other, {seeds} seeds; scored in {_precision(rows)}")
     print("| dataset | answers calibrated on | FPR reached (mean ± sd) | mean abs. gap | within 0.05 | TPR |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
@@ -88,6 +89,11 @@ def _scored(detector: str, datasets, split: str, scorer_options: dict | None):
             raise InputError(f"{name}: answers judged by several parts of {detector}; check one task at a time")
         part = parts.pop()
         yield name, samples, part, part.answers(samples, progress=True)[1]
+
+
+def _precision(rows: list[dict]) -> str:
+    """The precision the rows were scored in, as the printed tables name it."""
+    return ", ".join(sorted({r["dtype"] for r in rows})) or "-"
 
 
 def _write(rows: list[dict], out, commit: str) -> None:
@@ -131,7 +137,8 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
         except InputError as err:  # refused: an estimate at 0 or 1
             found = {"estimate": estimate_prior(probs, assumed), "interval": None, "refused": str(err)}
         fitted, restated, best = errors(np.arange(len(labels)), found["estimate"])
-        row = {"dataset": name, "split": split, "n": int(len(labels)), "assumed": round(assumed, 4),
+        row = {"dataset": name, "split": split, "dtype": part.scorer.model.dtype, "n": int(len(labels)),
+               "assumed": round(assumed, 4),
                "share": round(float(labels.mean()), 4), "estimate": round(found["estimate"], 4),
                "interval": found["interval"] and [round(x, 4) for x in found["interval"]],
                "refused": found.get("refused"), "ece_fitted": round(fitted, 4),
@@ -154,7 +161,8 @@ def run_prior_check(detector: str = "default", datasets=("ragtruth:all",), split
                                      "ece_true_share": round(float(found[:, 3].mean()), 4)})
         rows.append(row)
     print(f"halwatch calibrate --prior estimate: the share of hallucinated answers estimated from unlabelled answers "
-          f"({split} split), and the expected calibration error as fitted -> restated (restated for the true share)")
+          f"({split} split), and the expected calibration error as fitted -> restated (restated for the true share); "
+          f"scored in {_precision(rows)}")
     print("| dataset | answers | assumed | true share | estimate (90 % interval) | ECE fitted | restated | "
           "true share |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

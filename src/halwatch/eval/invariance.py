@@ -89,7 +89,7 @@ def invariance(detector, samples: list[Sample], progress: bool = True, seed: int
         probs[how], ranking[how] = detector.scores_and_ranking(signals)
         inputs[how] = np.asarray(detector.ood_inputs(signals), dtype=float)
     base = probs["ragtruth"]
-    out = {"n": len(samples), "threshold": float(detector.threshold), "renderings": {}}
+    out = {"n": len(samples), "threshold": float(detector.threshold), "dtype": scorer.model.dtype, "renderings": {}}
     for how, p in probs.items():
         change = np.abs(p - base)
         flips = (p >= detector.threshold) != (base >= detector.threshold)
@@ -133,7 +133,7 @@ def run_invariance(detector: str = "default", dataset: str = "ragtruth:all", spl
     result = {"detector": detector, "dataset": dataset, "split": split, "seed": seed, **invariance(det, picked,
                                                                                                   seed=seed)}
     print(f"template invariance of {detector} on {result['n']} answers of {dataset} ({split} split), against "
-          f"RAGTruth's own prompt; threshold {result['threshold']:.3f}")
+          f"RAGTruth's own prompt; threshold {result['threshold']:.3f}; scored in {result['dtype']}")
     print("| rendering | median abs. change | mean abs. change | verdict flips | flagged | AUROC |")
     print("| --- | --- | --- | --- | --- | --- |")
     for how, r in result["renderings"].items():
