@@ -122,6 +122,53 @@ def test_recalibrating_changes_only_the_parts_with_labels(scorer, probe, routed)
     assert det.fitted_on["parts"]["qa"]["threshold"] == round(det.parts["qa"].threshold, 4)
 
 
+def test_parts_fitted_alone_go_into_a_routed_artifact(scorer, probe, summaries, dialogue, routed, halwatch,
+                                                      tmp_path):
+    """`halwatch fit --detector routed --into A`: a summary part fitted on the summaries alone, put into an artifact
+    that has only a qa part, gives the parts of the routed fit on both tasks at once (nothing crosses tasks), keeps
+    the qa part as it was, and counts the answers of both. Other settings, another kind of artifact and a task with
+    too few answers for a part are refused before anything is fitted."""
+    import json
+
+    from halwatch.errors import InputError
+
+    qa_only = create_detector("routed", scorer, **SETTINGS).fit(probe)
+    base = tmp_path / "qa.json"
+    qa_only.save(base)
+    data = tmp_path / "summaries.jsonl"
+    data.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in summaries))
+    out = tmp_path / "both.json"
+    done = halwatch("fit", "--detector", "routed", "--into", base, "--input", data, "--output", out)
+    assert "added summary" in done.stderr and "kept qa" in done.stderr, done.stderr
+    both = load_detector(str(out), scorer=scorer)
+    assert set(both.parts) == {"qa", "summary"} and both.settings == routed.settings
+    assert both.parts["qa"].to_dict() == qa_only.parts["qa"].to_dict()
+    part, whole = both.parts["summary"], routed.parts["summary"]
+    assert part.threshold == pytest.approx(whole.threshold)
+    assert part.calibrator.to_dict() == pytest.approx(whole.calibrator.to_dict())
+    assert part.coefficients() == pytest.approx(whole.coefficients(), abs=1e-3)
+    assert both.fitted_on["n"] == len(probe) + len(summaries)
+    assert both.fitted_on["parts"]["summary"]["data"] == str(data)
+    assert both.fitted_on["n_sources"] == len({s.source for s in probe + summaries})
+
+    again = tmp_path / "again.json"
+    for extra, message in ((["--set", "C=0.5"], "leave out --set"),
+                           (["--detector", "fused"], "give --detector routed")):
+        args = ["fit", "--detector", "routed", "--into", base, "--input", data, "--output", again, *extra]
+        bad = halwatch(*args, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+    bad = halwatch("fit", "--detector", "routed", "--into", "perplexity", "--input", data, "--output", again,
+                   check=False)
+    assert bad.returncode == 2 and "has no parts" in bad.stderr
+    few = tmp_path / "dialogue.jsonl"
+    few.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in dialogue))
+    bad = halwatch("fit", "--detector", "routed", "--into", base, "--input", few, "--output", again, check=False)
+    assert bad.returncode == 2 and "dialogue has 4 and 4" in bad.stderr, bad.stderr
+    assert not again.exists()
+    with pytest.raises(InputError, match="other settings"):
+        qa_only.with_parts(create_detector("routed", scorer, **{**SETTINGS, "C": 0.5}).fit(probe))
+
+
 def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe_by_size, summaries, tmp_path):
     """A routed artifact served: one /v1/score list of question-answering items and summaries gives each item its
     part's threshold and names the part, as the library does; /v1/detectors lists the thresholds per task."""

@@ -304,6 +304,8 @@ def _labelled_input(args, scorer, labelled: bool = True):
 def cmd_fit(args) -> int:
     from halwatch.detectors import create_detector, parse_settings
 
+    if args.into:
+        return _fit_into(args)
     scorer = _scorer_from(args)
     if args.map_from:
         samples = _read_input(args.input, args.skip_invalid, args.task)
@@ -321,6 +323,57 @@ def cmd_fit(args) -> int:
              + ", ".join(f"{task} ({row['n']})" for task, row in detector.fitted_on["to_fallback"].items()))
     for task, part in parts.items():
         _fit_notes(part, f"{task} part ({part.fitted_on['n']} answers): " if task else "")
+    return 0
+
+
+def _fit_into(args) -> int:
+    """``halwatch fit --detector routed --into ARTIFACT``: a part fitted for each task of the data, with the
+    artifact's own settings, scoring model, input mode, token cap and precision, put into a copy of the artifact in
+    place of its part of that task (:meth:`~halwatch.detectors.routed.Routed.with_parts`)."""
+    from halwatch.detectors import read_artifact
+    from halwatch.detectors.routed import MIN_PER_LABEL, Routed
+    from halwatch.sample import task_of
+
+    if args.detector != "routed":
+        raise InputError(f"--into puts new parts into a routed detector: give --detector routed, not {args.detector}")
+    if args.set or args.map_from:
+        raise InputError("--into fits the parts with the artifact's own settings: leave out --set and --map-from")
+    artifact = read_artifact(args.into)
+    if artifact.get("detector") != "routed":
+        raise InputError(f"--into {args.into}: a {artifact.get('detector')} artifact has no parts; give a routed one")
+    if args.calibration != artifact.get("calibration", {}).get("method", "platt"):
+        raise InputError(f"--into fits the parts with the artifact's calibration "
+                         f"({artifact['calibration']['method']}): leave out --calibration")
+    if args.dtype == "auto":  # a part joins an artifact in the precision the artifact's other parts were fitted in
+        args.dtype = artifact.get("dtype", "float32")
+    scorer = _scorer_from(args, artifact)
+    base = Routed.from_dict(artifact, scorer=scorer)
+    mine = scorer.identity()
+    differ = [k for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype")
+              if mine[k] != base.identity.get(k)]
+    if differ:
+        raise InputError(f"--into {args.into} was fitted with " + ", ".join(f"{k} {base.identity.get(k)}"
+                                                                           for k in differ)
+                         + "; its new parts must be too (" + ", ".join(f"here {k} {mine[k]}" for k in differ) + ")")
+    samples, describe = _labelled_input(args, scorer)
+    counts: dict[str, list[int]] = {}
+    for s in samples:
+        counts.setdefault(task_of(s) or base.settings["fallback"], [0, 0])[int(s.label)] += 1
+    few = {task: c for task, c in counts.items() if min(c) < MIN_PER_LABEL}
+    if few:
+        raise InputError(f"a part needs at least {MIN_PER_LABEL} grounded and {MIN_PER_LABEL} hallucinated answers "
+                         "of its task: " + "; ".join(f"{task} has {c[0]} and {c[1]}" for task, c in few.items()))
+    fresh = Routed(scorer=scorer, calibration=base.calibrator.method, decision=base.decision_rule, prior=base.prior,
+                   **{**base.settings, "fallback": min(counts)})
+    fresh.fit(samples, progress=True)
+    found = base.with_parts(fresh, describe)
+    base.save(args.output)
+    note(f"fitted the {', '.join(sorted(fresh.parts))} part(s) of {base.name} on {len(samples)} samples "
+         f"({fresh.fitted_on['n_hallucinated']} hallucinated) into {args.into}: "
+         + "; ".join(f"{how} {', '.join(tasks)}" for how, tasks in found.items() if tasks)
+         + f"; kept {', '.join(sorted(set(base.parts) - set(fresh.parts))) or 'none'} -> {args.output}")
+    for task, part in fresh.parts.items():
+        _fit_notes(part, f"{task} part ({part.fitted_on['n']} answers): ")
     return 0
 
 
@@ -863,6 +916,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lookback-lens only: no fitting; map this artifact's detector (fitted with another scoring "
                         "model) onto --model's heads with a linear map fitted on --input (labels not needed)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--into", metavar="NAME|FILE",
+                   help="routed only: fit a part for each task of the data, with this routed artifact's settings, "
+                        "scoring model and precision, and write the artifact with them in place of its parts of "
+                        "those tasks (its other parts kept); e.g. --into default --datasets rotowire")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     _add_scorer_options(p)
     p.set_defaults(func=cmd_fit)

@@ -116,6 +116,49 @@ class Routed(Detector):
                           **({"to_fallback": skipped} if skipped else {})}
         return self
 
+    def with_parts(self, fitted: "Routed", describe: str = "") -> dict:
+        """Put ``fitted``'s parts into this detector in place of its parts of the same tasks, keeping the others:
+        since each part is fitted on its own task's answers alone (:meth:`fit_signals`), this equals refitting the
+        whole detector with the new answers in place of those tasks' old ones, without the other tasks' data.
+        Both must be fitted with the same settings, scoring model, input mode, token cap and precision.
+        ``describe``: what ``fitted`` was fitted on, recorded per part in ``fitted_on["parts"]``. Returns
+        ``{"added": [tasks new here], "replaced": [tasks whose part was replaced]}``."""
+        self._require_fitted()
+        fitted._require_fitted()
+        mine = {k: v for k, v in self.settings.items() if k != "fallback"}
+        theirs = {k: v for k, v in fitted.settings.items() if k != "fallback"}
+        same = (mine, self.calibrator.method, self.decision_rule, self.prior) == (
+            theirs, fitted.calibrator.method, fitted.decision_rule, fitted.prior)
+        if not same:
+            raise InputError(f"the new parts were fitted with other settings ({theirs}, decision "
+                             f"{fitted.decision_rule}) than the detector they go into ({mine}, decision "
+                             f"{self.decision_rule})")
+        keys = ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype", "signal_versions")
+        differ = [k for k in keys if self.identity.get(k) != fitted.identity.get(k)]
+        if differ:
+            raise InputError("the new parts were fitted with another " + ", ".join(differ) + " than the detector "
+                             "they go into: " + "; ".join(f"{k} {fitted.identity.get(k)} against "
+                                                          f"{self.identity.get(k)}" for k in differ))
+        found = {"added": sorted(set(fitted.parts) - set(self.parts)),
+                 "replaced": sorted(set(fitted.parts) & set(self.parts))}
+        self.parts = {**self.parts, **fitted.parts}
+        rows = dict(self.fitted_on.get("parts", {}))
+        for task, part in fitted.parts.items():
+            rows[task] = {"n": part.fitted_on["n"], "n_hallucinated": part.fitted_on["n_hallucinated"],
+                          "threshold": round(float(part.threshold), 4), **({"data": describe} if describe else {})}
+        # answers counted in n for want of a part of their task (judged by the fallback) leave once it has one
+        kept = {t: n for t, n in (self.fitted_on.get("to_fallback") or {}).items() if t not in fitted.parts}
+        sources = [p.fitted_on.get("n_sources") for p in self.parts.values()]
+        self.fitted_on = {**self.fitted_on, "parts": rows,
+                          "n": sum(r["n"] for r in [*rows.values(), *kept.values()]),
+                          "n_hallucinated": sum(r["n_hallucinated"] for r in [*rows.values(), *kept.values()]),
+                          "n_sources": None if None in sources or kept else sum(sources)}
+        if kept:
+            self.fitted_on["to_fallback"] = kept
+        else:
+            self.fitted_on.pop("to_fallback", None)
+        return found
+
     def _require_fitted(self):
         if not self.parts:
             raise HalwatchError(f"detector {self.name!r} is not fitted: call fit() or load a fitted artifact")
