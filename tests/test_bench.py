@@ -187,6 +187,12 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
     with pytest.raises(InputError, match="fitted on the train\\+dev split .* would read its own training answers"):
         shipped.run("shape-transfer", [b], eval_split="dev", artifacts=[str(path)])
     assert shipped._shipped(str(path), "dev", [a])[1] == {b}  # a set it never saw: any split may be scored
+    added = json.loads(path.read_text())  # a part fitted on A put in later (`halwatch fit --into`) names its data
+    added["fitted_on"]["parts"] = {"summary": {"n": 10, "data": f"{a}: split train+dev"}}
+    (tmp_path / "added.json").write_text(json.dumps(added))
+    assert shipped._shipped(str(tmp_path / "added.json"), "test", [a, b])[1] == {a, b}
+    with pytest.raises(InputError, match=f"fitted on the train\\+dev split of {a}: "):
+        shipped._shipped(str(tmp_path / "added.json"), "dev", [a])
     unsaid = json.loads(path.read_text())
     unsaid["fitted_on"]["data"] = "my-answers.jsonl"  # `halwatch fit --input FILE`: no split named
     (tmp_path / "unsaid.json").write_text(json.dumps(unsaid))

@@ -133,8 +133,11 @@ class Routed(Detector):
             raise InputError(f"the new parts were fitted with other settings ({theirs}, decision "
                              f"{fitted.decision_rule}) than the detector they go into ({mine}, decision "
                              f"{self.decision_rule})")
-        keys = ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype", "signal_versions")
+        keys = ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype")
         differ = [k for k in keys if self.identity.get(k) != fitted.identity.get(k)]
+        versions = [d.identity.get("signal_versions") or {} for d in (self, fitted)]
+        if any(versions[0][k] != versions[1][k] for k in set(versions[0]) & set(versions[1])):
+            differ.append("signal_versions")  # (a reducer only one of them computed is not compared)
         if differ:
             raise InputError("the new parts were fitted with another " + ", ".join(differ) + " than the detector "
                              "they go into: " + "; ".join(f"{k} {fitted.identity.get(k)} against "

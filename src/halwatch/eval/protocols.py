@@ -437,18 +437,24 @@ class Bench:
         from halwatch.detectors import DETECTORS, read_artifact
 
         artifact = read_artifact(ref)
-        described = artifact.get("fitted_on", {}).get("data", "")
-        found = fit_data_of(described)
-        if found is None:
-            raise InputError(f"artifact {ref!r} does not say which datasets and split it was fitted on (fitted_on."
-                             f"data is {described!r}): the bench cannot tell whether it would score its own training "
-                             f"answers; fit it with `halwatch fit --datasets ... --split ...`")
-        names, split = found
-        own = sorted(set(names) & set(scored))
-        if eval_split in split and own:
-            raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(own)}"
-                             f": scoring it on the {eval_split} split would read its own training answers")
-        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), names
+        fitted_on = artifact.get("fitted_on", {})
+        # the whole fit's data, and that of each part put in later (`halwatch fit --into`)
+        described = [fitted_on.get("data", "")] + [row["data"] for row in (fitted_on.get("parts") or {}).values()
+                                                   if "data" in row]
+        trained_on = set()
+        for text in described:
+            found = fit_data_of(text)
+            if found is None:
+                raise InputError(f"artifact {ref!r} does not say which datasets and split it was fitted on (fitted_"
+                                 f"on data {text!r}): the bench cannot tell whether it would score its own training "
+                                 f"answers; fit it with `halwatch fit --datasets ... --split ...`")
+            names, split = found
+            own = sorted(set(names) & set(scored))
+            if eval_split in split and own:
+                raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(own)}"
+                                 f": scoring it on the {eval_split} split would read its own training answers")
+            trained_on |= names
+        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), trained_on
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
         """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is
