@@ -190,7 +190,8 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
     added = json.loads(path.read_text())  # a part fitted on A put in later (`halwatch fit --into`) names its data
     added["fitted_on"]["parts"] = {"summary": {"n": 10, "data": f"{a}: split train+dev"}}
     (tmp_path / "added.json").write_text(json.dumps(added))
-    assert shipped._shipped(str(tmp_path / "added.json"), "test", [a, b])[1] == {a, b}
+    _, trained_on, described = shipped._shipped(str(tmp_path / "added.json"), "test", [a, b])
+    assert trained_on == {a, b} and described == [f"{b}: split train+dev", f"{a}: split train+dev"]
     with pytest.raises(InputError, match=f"fitted on the train\\+dev split of {a}: "):
         shipped._shipped(str(tmp_path / "added.json"), "dev", [a])
     unsaid = json.loads(path.read_text())

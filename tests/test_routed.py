@@ -168,6 +168,19 @@ def test_parts_fitted_alone_go_into_a_routed_artifact(scorer, probe, summaries, 
     with pytest.raises(InputError, match="other settings"):
         qa_only.with_parts(create_detector("routed", scorer, **{**SETTINGS, "C": 0.5}).fit(probe))
 
+    # replacing a part: the dialogue answers that had none stay counted (judged by the fallback), the recalibrated
+    # list loses the replaced part, and n counts the new part's answers instead of the old one's
+    into = type(routed).from_dict(routed.to_dict(), scorer=scorer)
+    into.fitted_on["recalibrated"] = ["qa", "summary"]
+    half = create_detector("routed", scorer, **{**SETTINGS, "fallback": "summary"})
+    half.fit(summaries[:10] + summaries[12:22])  # 10 of each label
+    assert into.with_parts(half, "half") == {"added": [], "replaced": ["summary"]}
+    assert into.fitted_on["n"] == len(probe) + 20 + len(dialogue) and into.fitted_on["recalibrated"] == ["qa"]
+    assert into.fitted_on["to_fallback"] == routed.fitted_on["to_fallback"]
+    assert into.fitted_on["parts"]["summary"] == {"n": 20, "n_hallucinated": 10, "data": "half",
+                                                  "threshold": round(float(half.parts["summary"].threshold), 4)}
+    assert into.parts["summary"] is half.parts["summary"] and set(into.parts) == {"qa", "summary"}
+
 
 def test_the_service_reports_each_items_part_and_threshold(smol, routed, probe_by_size, summaries, tmp_path):
     """A routed artifact served: one /v1/score list of question-answering items and summaries gives each item its

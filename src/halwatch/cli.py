@@ -311,7 +311,8 @@ def cmd_fit(args) -> int:
         samples = _read_input(args.input, args.skip_invalid, args.task)
         return _fit_mapped(args, scorer, _encode_all(scorer, samples, args.skip_invalid)[0])
     samples, describe = _labelled_input(args, scorer)
-    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration, **parse_settings(args.set))
+    detector = create_detector(args.detector, scorer=scorer, calibration=args.calibration or "platt",
+                               **parse_settings(args.set))
     detector.fit(samples, progress=True)
     detector.fitted_on["data"] = describe
     detector.save(args.output)
@@ -341,24 +342,24 @@ def _fit_into(args) -> int:
     artifact = read_artifact(args.into)
     if artifact.get("detector") != "routed":
         raise InputError(f"--into {args.into}: a {artifact.get('detector')} artifact has no parts; give a routed one")
-    if args.calibration != artifact.get("calibration", {}).get("method", "platt"):
-        raise InputError(f"--into fits the parts with the artifact's calibration "
-                         f"({artifact['calibration']['method']}): leave out --calibration")
+    method = artifact.get("calibration", {}).get("method", "platt")
+    if args.calibration not in (None, method):
+        raise InputError(f"--into fits the parts with the artifact's calibration ({method}): leave out --calibration")
+    fitted_dtype = artifact.get("dtype", "float32")  # (artifacts from before precision was recorded: float32)
     if args.dtype == "auto":  # a part joins an artifact in the precision the artifact's other parts were fitted in
-        args.dtype = artifact.get("dtype", "float32")
+        args.dtype = fitted_dtype
     scorer = _scorer_from(args, artifact)
-    base = Routed.from_dict(artifact, scorer=scorer)
-    mine = scorer.identity()
+    mine, theirs = scorer.identity(), {**artifact, "dtype": fitted_dtype}
     differ = [k for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype")
-              if mine[k] != base.identity.get(k)]
-    if differ:
-        raise InputError(f"--into {args.into} was fitted with " + ", ".join(f"{k} {base.identity.get(k)}"
-                                                                           for k in differ)
+              if mine[k] != theirs.get(k)]
+    if differ:  # checked before the artifact is loaded for this scorer (which would advise a whole refit)
+        raise InputError(f"--into {args.into} was fitted with " + ", ".join(f"{k} {theirs.get(k)}" for k in differ)
                          + "; its new parts must be too (" + ", ".join(f"here {k} {mine[k]}" for k in differ) + ")")
+    base = Routed.from_dict(artifact, scorer=scorer)
     samples, describe = _labelled_input(args, scorer)
     counts: dict[str, list[int]] = {}
     for s in samples:
-        counts.setdefault(task_of(s) or base.settings["fallback"], [0, 0])[int(s.label)] += 1
+        counts.setdefault(task_of(s), [0, 0])[int(s.label)] += 1
     few = {task: c for task, c in counts.items() if min(c) < MIN_PER_LABEL}
     if few:
         raise InputError(f"a part needs at least {MIN_PER_LABEL} grounded and {MIN_PER_LABEL} hallucinated answers "
@@ -372,6 +373,8 @@ def _fit_into(args) -> int:
          f"({fresh.fitted_on['n_hallucinated']} hallucinated) into {args.into}: "
          + "; ".join(f"{how} {', '.join(tasks)}" for how, tasks in found.items() if tasks)
          + f"; kept {', '.join(sorted(set(base.parts) - set(fresh.parts))) or 'none'} -> {args.output}")
+    if base.settings["fallback"] in found["replaced"]:
+        note(f"the new {base.settings['fallback']} part is the fallback: it also judges the tasks without a part")
     for task, part in fresh.parts.items():
         _fit_notes(part, f"{task} part ({part.fitted_on['n']} answers): ")
     return 0
@@ -910,7 +913,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detector", required=True, help="method name (toha, lookback-lens, perplexity, ...)")
     _add_labelled_options(p)
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
-    p.add_argument("--calibration", choices=CALIBRATIONS, default="platt", help="default platt")
+    p.add_argument("--calibration", choices=CALIBRATIONS, default=None,
+                   help="default platt (with --into: the artifact's)")
     p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
     p.add_argument("--map-from", metavar="ARTIFACT",
                    help="lookback-lens only: no fitting; map this artifact's detector (fitted with another scoring "

@@ -121,6 +121,7 @@ class Routed(Detector):
         since each part is fitted on its own task's answers alone (:meth:`fit_signals`), this equals refitting the
         whole detector with the new answers in place of those tasks' old ones, without the other tasks' data.
         Both must be fitted with the same settings, scoring model, input mode, token cap and precision.
+        ``fitted_on["n_sources"]`` becomes the sum of the parts' (sources are counted per part).
         ``describe``: what ``fitted`` was fitted on, recorded per part in ``fitted_on["parts"]``. Returns
         ``{"added": [tasks new here], "replaced": [tasks whose part was replaced]}``."""
         self._require_fitted()
@@ -160,6 +161,10 @@ class Routed(Detector):
             self.fitted_on["to_fallback"] = kept
         else:
             self.fitted_on.pop("to_fallback", None)
+        for how in ("recalibrated", "restated"):  # a new part carries its own fit's calibration
+            if how in self.fitted_on:
+                self.fitted_on[how] = [t for t in self.fitted_on[how] if t not in fitted.parts]
+        self.identity = dict(self.parts[self.settings["fallback"]].identity)
         return found
 
     def _require_fitted(self):

@@ -378,12 +378,12 @@ class Bench:
         settings = {"eval": eval_split, **(extra or {}).get("settings", {})}
         for ref in artifacts:
             t0 = time.perf_counter()
-            det, trained_on = self._shipped(ref, eval_split, scored)
+            det, trained_on, described = self._shipped(ref, eval_split, scored)
             data = {name: self.data(name, det.request(), parts[name][1]) for name in scored}
             for names in groups:
                 self._score_part(det, ref, data, parts, names, t0, {**(extra or {}), "settings": {
                     **settings, "training": "included" if set(names) <= trained_on else "never", "artifact": ref,
-                    "fitted_on": det.fitted_on.get("data")}})
+                    "fitted_on": "; ".join(described)}})
         for det_name in self.detectors:
             pooled = {name: self._detector_data(name, det_name, options, np.concatenate([fit, ev]).astype(int))
                       for name, (fit, ev) in parts.items()}
@@ -427,12 +427,14 @@ class Bench:
                      {**extra, **spans, "length_auroc": length})  # the confound beside every row
 
     def _shipped(self, ref: str, eval_split: str, scored):
-        """A fitted artifact (shipped name or file) loaded for this bench's scorer, and the datasets it was trained
-        on, read from what ``halwatch fit --datasets`` records (``fitted_on.data``,
-        :func:`halwatch.data.splits.describe_fit_data`).
+        """A fitted artifact (shipped name or file) loaded for this bench's scorer, the datasets it was trained on
+        and the texts that say so: what ``halwatch fit --datasets`` records (``fitted_on.data``,
+        :func:`halwatch.data.splits.describe_fit_data`) and, for the parts of a routed artifact put in later by
+        ``halwatch fit --into``, each such part's ``fitted_on.parts[task].data``. (The datasets of a part that was
+        replaced stay named in ``fitted_on.data``: still refused, and marked as trained on.)
         Refused, in one line, where it was fitted on the ``eval_split`` of a dataset in ``scored`` (the datasets it
-        never saw may be scored on any split: the shipped default on the dev parts of BUMP and RotoWire, where
-        choices for them are made) or does not say on which split."""
+        never saw may be scored on any split: the shipped default on the dev part of BUMP, where choices for it are
+        made) or does not say on which split."""
         from halwatch.data.splits import fit_data_of
         from halwatch.detectors import DETECTORS, read_artifact
 
@@ -454,7 +456,7 @@ class Bench:
                 raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(own)}"
                                  f": scoring it on the {eval_split} split would read its own training answers")
             trained_on |= names
-        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), trained_on
+        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), trained_on, described
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
         """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is
