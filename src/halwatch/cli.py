@@ -350,8 +350,7 @@ def _fit_into(args) -> int:
         args.dtype = fitted_dtype
     scorer = _scorer_from(args, artifact)
     mine, theirs = scorer.identity(), {**artifact, "dtype": fitted_dtype}
-    differ = [k for k in ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype")
-              if mine[k] != theirs.get(k)]
+    differ = [k for k in mine if mine[k] != theirs.get(k)]
     if differ:  # checked before the artifact is loaded for this scorer (which would advise a whole refit)
         raise InputError(f"--into {args.into} was fitted with " + ", ".join(f"{k} {theirs.get(k)}" for k in differ)
                          + "; its new parts must be too (" + ", ".join(f"here {k} {mine[k]}" for k in differ) + ")")

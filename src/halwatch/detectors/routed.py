@@ -126,19 +126,17 @@ class Routed(Detector):
         ``{"added": [tasks new here], "replaced": [tasks whose part was replaced]}``."""
         self._require_fitted()
         fitted._require_fitted()
-        mine = {k: v for k, v in self.settings.items() if k != "fallback"}
-        theirs = {k: v for k, v in fitted.settings.items() if k != "fallback"}
+        mine, theirs = self._part_settings(), fitted._part_settings()
         same = (mine, self.calibrator.method, self.decision_rule, self.prior) == (
             theirs, fitted.calibrator.method, fitted.decision_rule, fitted.prior)
         if not same:
             raise InputError(f"the new parts were fitted with other settings ({theirs}, decision "
                              f"{fitted.decision_rule}) than the detector they go into ({mine}, decision "
                              f"{self.decision_rule})")
-        keys = ("scoring_model", "weights_sha256", "input_mode", "max_tokens", "dtype")
-        differ = [k for k in keys if self.identity.get(k) != fitted.identity.get(k)]
-        versions = [d.identity.get("signal_versions") or {} for d in (self, fitted)]
-        if any(versions[0][k] != versions[1][k] for k in set(versions[0]) & set(versions[1])):
-            differ.append("signal_versions")  # (a reducer only one of them computed is not compared)
+        # the scorer's identity; not the signal versions, which loading already holds to this halwatch's (a
+        # reducer only one of the two computed, as the shipped qa part's old "sink", is no difference)
+        differ = [k for k in sorted(set(self.identity) | set(fitted.identity))
+                  if k != "signal_versions" and self.identity.get(k) != fitted.identity.get(k)]
         if differ:
             raise InputError("the new parts were fitted with another " + ", ".join(differ) + " than the detector "
                              "they go into: " + "; ".join(f"{k} {fitted.identity.get(k)} against "
