@@ -41,6 +41,8 @@ def test_held_out_inputs_are_out_of_fold(scorer, probe, fitted):
     pooled = [fitted.columns.index(c) for c in ("token_max", "token_top", "token_mean")]
     np.testing.assert_allclose(other.held_out_inputs[k, pooled], fitted.held_out_inputs[k, pooled], atol=1e-5)
     assert not np.allclose(other.held_out_inputs[:, pooled], fitted.held_out_inputs[:, pooled], atol=1e-5)
+    # (those are each answer's one view; its calibration read the long ones in their windows, as scoring does)
+    assert fitted.fitted_on["windowed"] == sum(len(scorer.encode_windows(s)) > 1 for s in probe) > 0
 
 
 def test_scores_spans_coefficients_and_ablation(scorer, probe, ragtruth_train, fitted):

@@ -91,7 +91,8 @@ class Scorer:
 
     def encode_windows(self, sample: Sample) -> list[TokenView]:
         """The views that scoring uses: one, or the windows of a context longer than the token cap (at most
-        ``windows``; :func:`halwatch.tokens.encode_windows`). Fitting uses :meth:`encode`'s one view."""
+        ``windows``; :func:`halwatch.tokens.encode_windows`). Fitting fits on :meth:`encode`'s one view and
+        calibrates on these (:meth:`windowed`)."""
         return encode_windows(sample, self.model.tokenizer, self.input_mode, self.max_tokens, self.windows)
 
     def encode_many(self, samples: list[Sample], windows: bool = True, keep_errors: bool = False) -> list:
@@ -100,6 +101,27 @@ class Scorer:
         raises its :class:`~halwatch.errors.InputError`, or with ``keep_errors`` gets it in its place."""
         return encode_many(samples, self.model.tokenizer, self.input_mode, self.max_tokens,
                            self.windows if windows else 1, keep_errors)
+
+    def windowed(self, views: list[TokenView], signals: list[Signals], request: SignalRequest,
+                 progress: bool = False) -> tuple[list[TokenView], list[Signals]]:
+        """``views`` and ``signals`` (one per answer, :meth:`encode`'s) with each answer whose context the token cap
+        cut replaced by its windows (:meth:`encode_windows`), as scoring sees it; the windows' signals come from the
+        cache or one batched pass (with the white-box pass's request where that covers ``request``). Unchanged when
+        this scorer scores in one window."""
+        long = [i for i, v in enumerate(views) if v.cut_chars] if self.windows > 1 else []
+        if not long:
+            return views, signals
+        windows = {i: self.encode_windows(views[i].sample) for i in long}
+        flat = [w for i in long for w in windows[i]]
+        whitebox = forward.whitebox_request(self.model)
+        request = whitebox if whitebox.covers(request) else request
+        found = iter(self.signals([w.sample for w in flat], request, progress=progress, views=flat))
+        out_views, out_signals = [], []
+        for i, (view, sig) in enumerate(zip(views, signals)):
+            mine = windows.get(i, [view])
+            out_views += mine
+            out_signals += [next(found) for _ in mine] if i in windows else [sig]
+        return out_views, out_signals
 
     def _check(self, request: SignalRequest) -> None:
         m = self.model

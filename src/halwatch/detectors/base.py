@@ -263,10 +263,15 @@ class Detector:
         return self._scorer().signals(samples, self.request(), progress=progress, views=views)
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
-                    groups=None) -> "Detector":
+                    groups=None, scored=None) -> "Detector":
         """Fit on precomputed signals (the benchmark harness feeds many detectors from one pass this way).
         ``groups``: the source of each answer, so that no fold parts one source's answers (default: the sources of
-        the ``views``' samples)."""
+        the ``views``' samples). ``scored``: ``(views, signals)`` of the same answers as scoring sees them
+        (:meth:`halwatch.scorer.Scorer.windowed`: a context longer than the token cap in its windows); the method
+        is fitted on the one view of each answer, and the calibration, the threshold, the span rule and the OOD
+        reference on the held-out scores of the answers as scored (:meth:`_as_scored`), so that the operating
+        point holds for answers scored in windows too (a supervised method; an unsupervised one's score is
+        calibrated on the one view)."""
         labels = np.asarray(labels, dtype=int)
         if len(labels) != len(signals):
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
@@ -281,10 +286,15 @@ class Detector:
             raw, tokens = self.held_out_scores(signals, labels, views, groups)
         else:
             raw, tokens = self.raw_scores(signals), self.token_scores(signals)
+        inputs = self.ood_inputs_held_out(signals, raw)
+        windowed = 0
+        if scored is not None and self.supervised:  # (an unsupervised score is calibrated as it is)
+            raw, tokens, inputs, windowed = self._as_scored(scored, raw, tokens, inputs)
+        self._fold_models = None
         self.calibrator.fit(raw, labels, oriented=self.supervised, prior=self.prior)
         probs = self.calibrator.transform(raw)
         self.threshold = self.decision_threshold(probs, labels, strata)
-        self.fit_ood(self.ood_inputs_held_out(signals, raw))
+        self.fit_ood(inputs)
         span_fit = None
         if tokens is not None:
             self.token_threshold, self.span_rule, span_fit = self._fit_token_rule(tokens, probs, labels, views)
@@ -293,6 +303,8 @@ class Detector:
                           "calibration": "out-of-fold, folds by source" if self.supervised and groups is not None
                           else "out-of-fold" if self.supervised else "in-sample (unsupervised score)",
                           "decision": self.decision_rule, "prior": self.calibrator.params.get("prior")}
+        if windowed:
+            self.fitted_on["windowed"] = windowed  # answers calibrated in the windows of their long context
         if strata is not None and len(set(strata)) > 1:
             self.fitted_on["by_dataset"] = operating_points(probs, labels, strata, self.threshold)
         if span_fit:
@@ -326,9 +338,44 @@ class Detector:
 
         out, folds = cross_fit(folds_of(labels, self.calibration_folds, groups), fit, predict, len(labels))
         self.fit_held_out(folds, signals, views)
+        self._fold_models = folds
         raw = np.array([r for r, _ in out], dtype=float)
         tokens = [t for _, t in out]
         return raw, None if any(t is None for t in tokens) else tokens
+
+    def fold_models(self) -> list[tuple["Detector", list]]:
+        """``[(detector, held)]``: after :meth:`held_out_scores`, each fold's copy fitted without the answers
+        ``held``."""
+        if not getattr(self, "_fold_models", None):
+            raise RuntimeError("fold_models: only during fit_signals, after held_out_scores")
+        return self._fold_models
+
+    def _as_scored(self, scored, raw, tokens, inputs) -> tuple[np.ndarray, list | None, np.ndarray, int]:
+        """The held-out ``(raw scores, token scores, OOD inputs)`` of the probe with each answer that ``scored``
+        gives in several windows of its long context rescored that way (:meth:`answer_outputs`) by the fold model
+        that did not see it, and how many there were. halwatch's own step (the papers' contexts fit the model):
+        fitted on one left-cut view each, an answer scores higher than in windows, where its most supportive
+        window counts, so a threshold fitted on one view flagged more answers scored in windows than it was set
+        for."""
+        flat_views, flat_signals = scored
+        found = window_groups(flat_views)
+        if len(found) != len(raw):
+            raise ValueError(f"scored: {len(found)} answers in their windows, but {len(raw)} fitted")
+        if all(len(g) == 1 for g in found):
+            return raw, tokens, inputs, 0
+        raw, inputs = np.array(raw, dtype=float), np.array(inputs, dtype=float)
+        tokens = None if tokens is None else list(tokens)
+        for det, held in self.fold_models():
+            mine = [i for i in held if len(found[i]) > 1]
+            if not mine:
+                continue
+            flat = [k for i in mine for k in found[i]]
+            _, r, t, x = det.answer_outputs([flat_views[k] for k in flat], [flat_signals[k] for k in flat])
+            for j, i in enumerate(mine):
+                raw[i], inputs[i] = r[j], x[j]
+                if tokens is not None:
+                    tokens[i] = t[j]
+        return raw, tokens, inputs, sum(len(g) > 1 for g in found)
 
     # ---- how far an input lies from the training data ----------------------------------------------------------
     def ood_inputs(self, signals: list[Signals]) -> np.ndarray:
@@ -390,9 +437,12 @@ class Detector:
                 missing = next(s for s in samples if s.label is None)
                 raise InputError("sample has no label; fitting needs a label on every sample", missing.where)
             labels = [s.label for s in samples]
-        views = [self._scorer().encode(s) for s in samples]
-        signals = self._scorer().signals(samples, self.fit_request(), progress=progress, views=views)
-        return self.fit_signals(signals, labels, views)
+        scorer = self._scorer()
+        views = [scorer.encode(s) for s in samples]
+        request = self.fit_request()
+        signals = scorer.signals(samples, request, progress=progress, views=views)
+        scored = scorer.windowed(views, signals, request, progress) if self.supervised else None
+        return self.fit_signals(signals, labels, views, scored=scored)
 
     def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "", tasks=None) -> dict:
         """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the

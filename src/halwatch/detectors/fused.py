@@ -195,7 +195,7 @@ class Fused(Detector):
 
         def family(name, c):
             return cross_fit(folds, lambda tr: linear.fit(feats[name][tr], labels[tr], C=c, weights=w[tr]),
-                             lambda m, held: linear.logodds(m, feats[name][held]), n)[0]
+                             lambda m, held: linear.logodds(m, feats[name][held]), n)
 
         def token_fit(train, c):
             train = [i for i in train if labelled[i]]
@@ -205,20 +205,28 @@ class Fused(Detector):
         # regularisation chosen once on the whole probe (source-grouped cross-validation), then fixed in the folds
         chosen = {name: linear.fit(feats[name], labels, C=self.settings["C"], groups=groups, weights=w)["C"]
                   for name in FAMILIES if name not in self.settings["drop"]}
-        held_family = {name: np.array(family(name, c)) for name, c in chosen.items()}
-        pooled, held_tokens, token_C = None, None, self.settings["token_C"]
+        by_family = {name: family(name, c) for name, c in chosen.items()}
+        held_family = {name: np.array(out) for name, (out, _) in by_family.items()}
+        pooled, held_tokens, token_C, token_models = None, None, self.settings["token_C"], None
         if use_tokens:
             if token_C == "cv" and self.settings["token_kind"] == "linear":
                 token_C = token_fit(np.arange(n), "cv")["C"]
-            held_tokens = cross_fit(folds, lambda tr: token_fit(tr, token_C),
-                                    lambda m, held: self._token_probs(m, [tok_x[i] for i in held]), n)[0]
+            held_tokens, token_models = cross_fit(
+                folds, lambda tr: token_fit(tr, token_C),
+                lambda m, held: self._token_probs(m, [tok_x[i] for i in held]), n)
             pooled = self._pooled(held_tokens)
         stack_x, self.columns = self._stack_columns(held_family, pooled, lengths)
         self.stacker = linear.fit(stack_x, labels, C=self.settings["C"], groups=groups, weights=w)
-        held_raw = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"],
-                                                          weights=w[tr]),
-                             lambda m, held: linear.logodds(m, stack_x[held]), n)[0]
+        held_raw, stackers = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"],
+                                                                    weights=w[tr]),
+                                       lambda m, held: linear.logodds(m, stack_x[held]), n)
         self._held_out = (np.array(held_raw, dtype=float), held_tokens)
+        # each fold's whole model (its families, token model and stacker), to score the answers it did not see
+        # as scoring sees them (Detector._as_scored)
+        self._fold_models = [({"families": {name: models[k][0] for name, (_, models) in by_family.items()},
+                               "token_model": None if token_models is None else token_models[k][0],
+                               "stacker": stackers[k][0], "columns": self.columns}, held)
+                             for k, (_, held) in enumerate(stackers)]
         self.held_out_inputs = stack_x  # the stacker's training inputs: every column scored out of fold
         # the parts used at scoring time, fitted on the whole probe
         self.families = {name: linear.fit(feats[name], labels, C=c, weights=w) for name, c in chosen.items()}
@@ -227,6 +235,14 @@ class Fused(Detector):
     def held_out_scores(self, signals, labels, views, groups=None):
         held, self._held_out = self._held_out, None
         return held
+
+    def fold_models(self):
+        out = []
+        for state, held in self._fold_models:  # (each fold's state, kept by fit_parts)
+            copy = self.fold_copy()
+            copy.set_state(state)
+            out.append((copy, held))
+        return out
 
     def ood_inputs_held_out(self, signals, raw):
         return self.held_out_inputs

@@ -76,10 +76,11 @@ class Routed(Detector):
         return signal_request(self._scorer().model, self.settings.get("copy", False))
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
-                    groups=None) -> "Routed":
+                    groups=None, scored=None) -> "Routed":
         """A fresh :class:`Fused` part fitted on each task's answers alone (the task from each view's sample, else
         from each signal's ``task``), given at least :data:`MIN_PER_LABEL` answers of each label; the others go to
-        the fallback part, which is fitted on its own task's answers whenever they hold both labels."""
+        the fallback part, which is fitted on its own task's answers whenever they hold both labels. ``scored``:
+        the answers as scoring sees them (:meth:`Detector.fit_signals`), each part given its own."""
         labels = np.asarray(labels, dtype=int)
         if len(labels) != len(signals):
             raise ValueError(f"{len(signals)} samples but {len(labels)} labels")
@@ -100,13 +101,17 @@ class Routed(Detector):
             raise InputError(f"the fallback task {fallback!r} needs grounded and hallucinated answers to fit its "
                              f"part (tasks found: {', '.join(sorted(set(tasks.tolist())))}): give some, or another "
                              f"fallback (--set fallback=TASK)")
+        windows = None if scored is None else window_groups(scored[0])
         self.parts = {}
         for task, idx in owned.items():
             part = Fused(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
                          prior=self.prior, **self._part_settings())
+            flat = None if windows is None else [k for i in idx for k in windows[i]]
             self.parts[task] = part.fit_signals([signals[i] for i in idx], labels[idx],
                                                 None if views is None else [views[i] for i in idx],
-                                                None if groups is None else groups[idx])
+                                                None if groups is None else groups[idx],
+                                                None if flat is None else ([scored[0][k] for k in flat],
+                                                                           [scored[1][k] for k in flat]))
         self.identity = dict(self.parts[fallback].identity)
         self.fitted_on = {"n": int(len(labels)), "n_hallucinated": int(labels.sum()),
                           "n_sources": int(len(np.unique(groups))) if groups is not None else None,

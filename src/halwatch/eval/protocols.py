@@ -206,32 +206,13 @@ class Bench:
                                    **{**self.options.get(detector_name, {}), **(options or {})})
         return self.data(name, template.request(), needed)
 
-    def windowed(self, views, signals, request) -> tuple[list, list]:
-        """``views`` and ``signals`` (one per answer) with each answer whose context the token cap cut replaced by
-        its windows (:meth:`halwatch.scorer.Scorer.encode_windows`), as ``halwatch score`` scores it; the windows'
-        signals come from the cache or one batched pass. Unchanged when the scorer scores in one window."""
-        long = [i for i, v in enumerate(views) if v.cut_chars] if self.scorer.windows > 1 else []
-        if not long:
-            return views, signals
-        windows = {i: self.scorer.encode_windows(views[i].sample) for i in long}
-        flat = [w for i in long for w in windows[i]]
-        whitebox = whitebox_request(self.scorer.model)
-        request = whitebox if whitebox.covers(request) else request
-        found = iter(self.scorer.signals([w.sample for w in flat], request, progress=self.progress, views=flat))
-        out_views, out_signals = [], []
-        for i, (view, sig) in enumerate(zip(views, signals)):
-            mine = windows.get(i, [view])
-            out_views += mine
-            out_signals += [next(found) for _ in mine] if i in windows else [sig]
-        return out_views, out_signals
-
     def score_answers(self, det, views, signals) -> tuple[tuple, dict, np.ndarray]:
         """``((probabilities, ranking scores), span figures, thresholds)`` of a fitted detector on answers (one view
-        and its signals each), every long context scored in windows (:meth:`windowed`,
+        and its signals each), every long context scored in windows (:meth:`halwatch.scorer.Scorer.windowed`,
         :meth:`halwatch.detectors.base.Detector.answer_scores`). A detector with one part per task is judged by the
         part of the answers' task: span figures need one task, and a set of several tasks has none."""
         tasks = {task_of(v.sample) for v in views}
-        flat_views, flat_signals = self.windowed(views, signals, det.request())
+        flat_views, flat_signals = self.scorer.windowed(views, signals, det.request(), self.progress)
         _, probs, ranking, thresholds, tokens = det.answer_scores(flat_views, flat_signals)
         spans = self.span_metrics(det.for_task(tasks.pop()), signals, views, probs, tokens) if len(tasks) == 1 else {}
         return (probs, ranking), spans, thresholds
@@ -273,13 +254,17 @@ class Bench:
         return out
 
     def fit_score(self, detector_name, train, test, options=None):
-        """Fit a fresh detector on ``train`` = (signals, labels, views) and score ``test`` signals: ``(detector,
-        (probabilities, ranking scores))``."""
+        """Fit a fresh detector on ``train`` = (signals, labels, views), calibrated on the answers as scoring sees
+        them (long contexts in windows), and score ``test`` signals: ``(detector, (probabilities, ranking
+        scores))``."""
         from halwatch.detectors import create_detector
 
         det = create_detector(detector_name, scorer=self.scorer, **{**self.options.get(detector_name, {}),
                                                                     **(options or {})})
-        det.fit_signals(*train)
+        signals, labels, views = train
+        det.fit_signals(signals, labels, views, scored=self.scorer.windowed(views, signals, det.fit_request(),
+                                                                           self.progress)
+                        if det.supervised and views is not None else None)
         return det, det.scores_and_ranking(test) if test else None
 
     def _fitted(self, detector_name, train, options, what: str):
