@@ -72,7 +72,8 @@ def test_a_supervised_score_is_never_turned_round():
 def test_lookback_lens_is_calibrated_out_of_fold(scorer, probe):
     """Lookback Lens's calibration and threshold are fitted on held-out scores: recomputed here with scikit-learn
     alone (the same folds, stratified and by source, a logistic regression per fold on the standardised time-mean
-    lookback ratios, with the C that cross-validation chose), they give the same Platt parameters and threshold."""
+    lookback ratios, with the C that cross-validation chose; an answer whose context the cap cut scored in each of
+    its windows, the lowest counting, as scoring does), they give the same Platt parameters and threshold."""
     lens = create_detector("lookback-lens", scorer)
     lens.fit(probe)
     assert lens.fitted_on["calibration"] == "out-of-fold, folds by source"
@@ -86,6 +87,12 @@ def test_lookback_lens_is_calibrated_out_of_fold(scorer, probe):
         lr = LogisticRegression(C=lens.model["C"], max_iter=10000, tol=1e-10).fit((x[train] - mean) / std,
                                                                                   y[train])
         held_out[test] = lr.decision_function((x[test] - mean) / std)
+        for i in test:
+            windows = scorer.encode_windows(probe[i])
+            if len(windows) > 1:
+                found = scorer.signals([w.sample for w in windows], lens.request(), views=windows)
+                held_out[i] = lr.decision_function((mean_lookback(found, scorer.model.all_heads()) - mean) / std).min()
+    assert lens.fitted_on["windowed"] > 0
     reference = Calibrator("platt").fit(held_out, y)
     for key in ("coef", "intercept", "mean", "std"):
         assert lens.calibrator.params[key] == pytest.approx(reference.params[key], rel=1e-3, abs=1e-3)
