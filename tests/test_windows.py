@@ -55,7 +55,6 @@ def test_the_calibration_reads_long_answers_as_scoring_does(scorer, probe):
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedGroupKFold
 
-
     det = create_detector("linear-probe", scorer, C=1.0).fit(probe)
     windows = [scorer.encode_windows(s) for s in probe]
     long = [i for i, w in enumerate(windows) if len(w) > 1]

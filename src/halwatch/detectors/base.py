@@ -439,10 +439,16 @@ class Detector:
             labels = [s.label for s in samples]
         scorer = self._scorer()
         views = [scorer.encode(s) for s in samples]
-        request = self.fit_request()
-        signals = scorer.signals(samples, request, progress=progress, views=views)
-        scored = scorer.windowed(views, signals, request, progress) if self.supervised else None
-        return self.fit_signals(signals, labels, views, scored=scored)
+        signals = scorer.signals(samples, self.fit_request(), progress=progress, views=views)
+        return self.fit_signals(signals, labels, views, scored=self.scored_views(views, signals, progress))
+
+    def scored_views(self, views, signals, progress: bool = False):
+        """:meth:`fit_signals`'s ``scored`` for training answers (one view and its signals each): them as scoring
+        sees them (:meth:`halwatch.scorer.Scorer.windowed`), or ``None`` where the method is unsupervised (its
+        score is calibrated on the one view) or there are no views."""
+        if not self.supervised or views is None:
+            return None
+        return self._scorer().windowed(views, signals, self.fit_request(), progress)
 
     def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "", tasks=None) -> dict:
         """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the

@@ -262,9 +262,7 @@ class Bench:
         det = create_detector(detector_name, scorer=self.scorer, **{**self.options.get(detector_name, {}),
                                                                     **(options or {})})
         signals, labels, views = train
-        det.fit_signals(signals, labels, views, scored=self.scorer.windowed(views, signals, det.fit_request(),
-                                                                           self.progress)
-                        if det.supervised and views is not None else None)
+        det.fit_signals(signals, labels, views, scored=det.scored_views(views, signals, self.progress))
         return det, det.scores_and_ranking(test) if test else None
 
     def _fitted(self, detector_name, train, options, what: str):
