@@ -293,14 +293,20 @@ def test_fifty_clients_four_requests_each(service):
     assert httpx.get(service.url + "/health/ready").status_code == 200
 
 
+#: The served process's time limit and its clients' (seconds) in the SIGTERM test.
+WAIT = 600
+
+
 def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
     """`halwatch serve` as a process: a 3.9 MB context is tokenized off the event loop (the readiness probe answers
     within 100 ms throughout) and scored in two windows, its left part cut; a chunked 5 MB body is 413; each request
     leaves one JSON access-log line without the texts; SIGTERM with 16 requests in flight answers every one of
     them."""
     log_path = tmp_path / "access.jsonl"
+    # A time limit of 600 s, not serve's 120: beside another test worker on 2 cores, batches ran so slowly that
+    # the server (rightly) shed one of the 16 as past 0.8 x 120 s; admission is tested on its own above.
     proc = subprocess.Popen([sys.executable, "-m", "halwatch", "serve", "--port", "0", "--access-log", str(log_path),
-                             "--windows", "2"],
+                             "--windows", "2", "--timeout", str(WAIT)],
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         lines = []
@@ -314,7 +320,7 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
         result, probes = {}, []
 
         def big():
-            result["reply"] = httpx.post(base + "/v1/score", timeout=120, json={
+            result["reply"] = httpx.post(base + "/v1/score", timeout=WAIT, json={
                 "context": context, "question": "When was it completed?", "response": "It was completed in 1889."})
 
         asker = threading.Thread(target=big)
@@ -342,7 +348,7 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
         replies = [None] * 16
 
         def ask(i):
-            replies[i] = httpx.post(base + "/v1/score", json=items[i], timeout=120)
+            replies[i] = httpx.post(base + "/v1/score", json=items[i], timeout=WAIT)
 
         def received():
             """/v1/score requests the server holds or has answered with 200 since the big one (its own metrics)."""
@@ -358,7 +364,7 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         for t in askers:
-            t.join(120)
+            t.join(WAIT)
         assert [r.status_code for r in replies] == [200] * 16
         assert [r.json()["id"] for r in replies] == [str(i) for i in range(16)]
         assert proc.wait(60) in (0, -signal.SIGTERM)
