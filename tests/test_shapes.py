@@ -100,6 +100,22 @@ def test_cap_per_source_alternates_labels():
     assert len(kept) == 4 and Counter(s.label for s in kept) == {0: 2, 1: 2}
 
 
+def test_a_dataset_name_can_set_its_cap_per_source():
+    from halwatch.eval.protocols import load_dataset
+
+    capped, _ = load_dataset("summedits")
+    every, _ = load_dataset("summedits@all")
+    ten, _ = load_dataset("summedits@10")
+    per_source = Counter(s.meta["source_id"] for s in every)
+    assert max(per_source.values()) > 10  # SummEdits holds about 28 answers per document; its own cap keeps 6
+    assert max(Counter(s.meta["source_id"] for s in capped).values()) == 6
+    assert max(Counter(s.meta["source_id"] for s in ten).values()) == 10
+    assert {s.id for s in capped} <= {s.id for s in ten} <= {s.id for s in every}
+    assert {s.meta["split"] for s in every} == {"train", "dev", "test"}
+    with pytest.raises(InputError, match="answers per source document"):
+        load_dataset("summedits@0")
+
+
 def test_ragtruth_dev_split_is_a_fifth_of_the_train_sources():
     samples = read_ragtruth()
     sources = {split: {s.meta["source_id"] for s in samples if split_of(s) == split} for split in ("train", "dev",

@@ -35,7 +35,8 @@ def load_dataset(name: str):
     ``ragtruth-qa:GENERATOR`` (the same answers with their passages and question rendered through the QA template
     instead of RAGTruth's prompt), ``squad-shapes`` (:mod:`halwatch.data.shapes`), ``squad-shapes-ragtruth`` (the
     same answers through RAGTruth's prompt, :func:`as_ragtruth_prompt`), a shared set of another shape
-    (:data:`halwatch.data.shared.SETS`), a generic JSONL path, or several of these joined by commas (pooled, each
+    (:data:`halwatch.data.shared.SETS`; ``NAME@K`` keeps at most ``K`` answers per source document instead of the
+    set's own cap, ``NAME@all`` every answer), a generic JSONL path, or several of these joined by commas (pooled, each
     keeping its own splits). Returns ``(samples, generator)``."""
     from halwatch.data.jsonl import read_jsonl
     from halwatch.data.ragtruth import read_ragtruth
@@ -54,12 +55,25 @@ def load_dataset(name: str):
 
         samples = build_squad_shapes()
         return (samples if name == "squad-shapes" else [as_ragtruth_prompt(s) for s in samples]), "squad"
-    if name in SETS:
-        return read_shared(name), name
+    if name.partition("@")[0] in SETS:
+        name, _, cap = name.partition("@")
+        return read_shared(name, per_source=_cap(cap)), name
     samples = read_jsonl(name)
     if any(s.label is None for s in samples):
         raise InputError("every record of a benchmark dataset needs a label", name)
     return samples, str(samples[0].meta.get("model", samples[0].meta.get("generator", "-")))
+
+
+def _cap(text: str):
+    """The answers-per-source cap of ``NAME@CAP``: ``all`` (none), a positive number, or ``"default"`` (no ``@``)."""
+    if not text:
+        return "default"
+    if text == "all":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise InputError(f"after '@', give how many answers per source document to keep: a positive number or 'all', "
+                     f"not {text!r}")
 
 
 def as_qa_template(sample):
