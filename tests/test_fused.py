@@ -124,3 +124,24 @@ def test_copy_attention_widens_the_token_model_and_survives_a_reload(scorer, sho
     for name in ("copy", "balance"):  # "false" from a file must not turn a setting on
         with pytest.raises(ValueError, match=f"{name}: true or false"):
             create_detector("fused", scorer, **{name: "false"})
+
+
+def test_balance_weighs_labels_within_each_dataset_and_with_datasets_the_sets_too():
+    from types import SimpleNamespace
+
+    from halwatch.detectors.fused import balanced_weights
+
+    # 6 answers of a large set (4 hallucinated, 2 grounded) and 2 of a small one (1 and 1)
+    names = ["big"] * 6 + ["small"] * 2
+    labels = [1, 1, 1, 1, 0, 0, 1, 0]
+    views = [SimpleNamespace(sample=SimpleNamespace(meta={"dataset": n})) for n in names]
+    # by hand: within a set each label carries half of the set's weight
+    within = balanced_weights(labels, views)
+    np.testing.assert_allclose(within, [0.75] * 4 + [1.5] * 2 + [1.0, 1.0])
+    # each set carries 8 / 2 = 4 in all, split half and half between its labels
+    sets = balanced_weights(labels, views, sets=True)
+    np.testing.assert_allclose(sets, [0.5] * 4 + [1.0] * 2 + [2.0, 2.0])
+    assert sets.sum() == pytest.approx(len(labels))
+    assert create_detector("fused", None, balance="datasets").settings["balance"] == "datasets"
+    with pytest.raises(ValueError, match="balance: true or false"):
+        create_detector("fused", None, balance="sets")

@@ -92,7 +92,7 @@ class Fused(Detector):
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
-                         balance=_flag(balance, "balance"), token_kind=token_kind, token_epochs=int(token_epochs),
+                         balance=_balance(balance), token_kind=token_kind, token_epochs=int(token_epochs),
                          token_hidden=int(token_hidden), **({"copy": True} if _flag(copy, "copy") else {}),
                          **settings)
         self.families: dict = {}
@@ -191,7 +191,8 @@ class Fused(Detector):
         lengths = [s.n_response for s in signals]
         folds = folds_of(labels, self.settings["folds"], groups)
         n = len(labels)
-        w = balanced_weights(labels, views) if self.settings.get("balance") else np.ones(n)
+        w = (balanced_weights(labels, views, sets=self.settings["balance"] == "datasets")
+             if self.settings.get("balance") else np.ones(n))
 
         def family(name, c):
             return cross_fit(folds, lambda tr: linear.fit(feats[name][tr], labels[tr], C=c, weights=w[tr]),
@@ -298,10 +299,22 @@ def _flag(value, name: str) -> bool:
     return value
 
 
-def balanced_weights(labels, views) -> np.ndarray:
+def _balance(value):
+    """``balance``: false, true (labels weigh the same within each dataset) or ``"datasets"`` (and every dataset the
+    same in all)."""
+    if value == "datasets":
+        return value
+    if not isinstance(value, bool):
+        raise ValueError(f"balance: true or false (or datasets), not {value!r}")
+    return value
+
+
+def balanced_weights(labels, views, sets: bool = False) -> np.ndarray:
     """Per answer, ``0.5 / share of its label in its dataset`` (``meta["dataset"]``): every dataset's hallucinated
     and grounded answers weigh the same, so that no dataset's base rate (XSum's summaries are 90 % hallucinated)
-    becomes part of the score. Uniform without views."""
+    becomes part of the score. With ``sets``, each dataset also weighs the same in all (its answers' weights sum to
+    ``n / number of datasets``), so that a large set does not outvote a small one. The weights sum to ``n``. Uniform
+    without views."""
     labels = np.asarray(labels, dtype=int)
     if views is None:
         return np.ones(len(labels))
@@ -312,7 +325,8 @@ def balanced_weights(labels, views) -> np.ndarray:
         for label in (0, 1):
             hit = inside & (labels == label)
             if hit.any():
-                w[hit] = 0.5 * inside.sum() / hit.sum()
+                size = len(labels) / len(np.unique(names)) if sets else inside.sum()
+                w[hit] = 0.5 * size / hit.sum()
     return w
 
 
