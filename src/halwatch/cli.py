@@ -728,7 +728,9 @@ def _add_bench_parser(sub) -> None:
                         "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
                         "QA template), squad-shapes, squad-shapes-ragtruth (the same answers through RAGTruth's "
                         "prompt), faithbench, xsum-hallucination, summedits, bump, diasumfact, "
-                        "begin, faithdial, rotowire, a labelled JSONL file, or several joined by commas (pooled)")
+                        "begin, faithdial, rotowire (NAME@K: at most K answers per source document instead of the "
+                        "set's own cap, NAME@all: every one), a labelled JSONL file, or several joined by commas "
+                        "(pooled)")
     r.add_argument("--eval-split", choices=["dev", "test"], default="dev",
                    help="shape-transfer: the split scored (default dev; test once per published table)")
     r.add_argument("--never", nargs="+", default=[], metavar="NAME",
