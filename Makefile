@@ -30,8 +30,8 @@ demo: model
 # (set-up 4.1 to 4.5, pytest 19.5 to 21.3): d706d10, da1cf06 and 4b271ac, 2026-11-28 (d08a45a: 28.0 minutes, with a
 # probe of longer prompts; runs of one commit differ by up to 10 %); on the 2-core machine of 2026-11-29, 14.8 and
 # 12.5 minutes (pytest 12.8 and 10.2): 9e8b5b4 and 218aa60; on a 2-core Zen 4 EPYC, 21.2 minutes (pytest 17.3):
-# 50f25e8, 2026-12-02, and 14.8 (pytest 12.5): d648beb, 2026-12-03. Machines differ by 2x: keep the suite well
-# inside 25.
+# 50f25e8, 2026-12-02, and 14.8 and 15.0 (pytest 12.5 each): d648beb and f5ba311, 2026-12-03. Machines differ by
+# 2x: keep the suite well inside 25.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 browser:
