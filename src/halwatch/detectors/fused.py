@@ -92,8 +92,9 @@ class Fused(Detector):
             raise ValueError(f"negatives: the share of grounded tokens kept must be in (0, 1], not {negatives}")
         super().__init__(scorer=scorer, calibration=calibration, C=C, token_C=token_C, folds=int(folds),
                          smooth=int(smooth), pool_k=int(pool_k), negatives=float(negatives), drop=sorted(drop),
-                         balance=_balance(balance), token_kind=token_kind, token_epochs=int(token_epochs),
-                         token_hidden=int(token_hidden), **({"copy": True} if _flag(copy, "copy") else {}),
+                         balance=_flag(balance, "balance", "datasets"), token_kind=token_kind,
+                         token_epochs=int(token_epochs), token_hidden=int(token_hidden),
+                         **({"copy": True} if _flag(copy, "copy") else {}),
                          **settings)
         self.families: dict = {}
         self.token_model: dict | None = None
@@ -292,20 +293,13 @@ def signal_request(model, copy: bool = False) -> SignalRequest:
     return request.merge(SignalRequest(heads=model.all_heads(), reducers=("copy",))) if copy else request
 
 
-def _flag(value, name: str) -> bool:
-    """A boolean setting, from Python or from a command line's ``--set NAME=true``."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: true or false, not {value!r}")
-    return value
-
-
-def _balance(value):
-    """``balance``: false, true (labels weigh the same within each dataset) or ``"datasets"`` (and every dataset the
-    same in all)."""
-    if value == "datasets":
+def _flag(value, name: str, other: str | None = None):
+    """A boolean setting, from Python or from a command line's ``--set NAME=true``; ``other``: one more word it may
+    be (``balance``: ``datasets``)."""
+    if other is not None and value == other:
         return value
     if not isinstance(value, bool):
-        raise ValueError(f"balance: true or false (or datasets), not {value!r}")
+        raise ValueError(f"{name}: true or false{f' (or {other})' if other else ''}, not {value!r}")
     return value
 
 
@@ -319,13 +313,14 @@ def balanced_weights(labels, views, sets: bool = False) -> np.ndarray:
     if views is None:
         return np.ones(len(labels))
     names = np.array([str(v.sample.meta.get("dataset", "-")) for v in views])
+    datasets = np.unique(names)
     w = np.ones(len(labels))
-    for name in np.unique(names):
+    for name in datasets:
         inside = names == name
+        size = len(labels) / len(datasets) if sets else inside.sum()
         for label in (0, 1):
             hit = inside & (labels == label)
             if hit.any():
-                size = len(labels) / len(np.unique(names)) if sets else inside.sum()
                 w[hit] = 0.5 * size / hit.sum()
     return w
 

@@ -55,9 +55,9 @@ def load_dataset(name: str):
 
         samples = build_squad_shapes()
         return (samples if name == "squad-shapes" else [as_ragtruth_prompt(s) for s in samples]), "squad"
-    if name.partition("@")[0] in SETS:
-        name, _, cap = name.partition("@")
-        return read_shared(name, per_source=_cap(cap)), name
+    shared, _, cap = name.partition("@")
+    if shared in SETS:
+        return read_shared(shared, per_source=_cap(cap)), shared
     samples = read_jsonl(name)
     if any(s.label is None for s in samples):
         raise InputError("every record of a benchmark dataset needs a label", name)
