@@ -26,3 +26,25 @@ def test_every_rendering_keeps_the_answer_the_passages_and_the_question(smol):
         chat = render(sample, "chat", smol.tokenizer)
         assert chat.prompt.startswith("<|im_start|>") and sample.prompt in chat.prompt
         assert render(sample, "qa").prompt.endswith("\nAnswer:")
+
+
+def test_ragtruth_chat_is_ragtruths_prompt_as_a_chatml_user_turn(smol):
+    """`ragtruth-chat:GENERATOR`: the same answers, labels, spans, splits and sources as `ragtruth:GENERATOR`, each
+    prompt the user turn of SmolLM2's ChatML template (checked against the format written out here, not the
+    tokenizer) with the context span on the same passages; the benchmark's `chat` rendering is the same text, so
+    one cached pass serves both."""
+    from halwatch.data.splits import split_of
+    from halwatch.eval.protocols import dataset_names, load_dataset
+
+    assert "ragtruth-chat:all" in dataset_names()
+    plain, generator = load_dataset("ragtruth:llama-2-13b-chat")
+    chat, same = load_dataset("ragtruth-chat:llama-2-13b-chat")
+    assert generator == same == "llama-2-13b-chat" and len(plain) == len(chat)
+    for p, c in zip(plain, chat):
+        assert (c.response, c.label, c.spans, c.id, c.source) == (p.response, p.label, p.spans, p.id, p.source)
+        assert split_of(c) == split_of(p) and c.meta["template"] == "chat"
+        head, _, turn = c.prompt.partition("<|im_start|>user\n")
+        assert head.startswith("<|im_start|>system\n") and head.endswith("<|im_end|>\n")
+        assert turn == p.prompt + "<|im_end|>\n<|im_start|>assistant\n"
+        assert c.prompt[slice(*c.context_span)] == p.prompt[slice(*p.context_span)]
+    assert all(render(p, "chat", smol.tokenizer).prompt == c.prompt for p, c in zip(plain[:20], chat))

@@ -726,7 +726,8 @@ def _add_bench_parser(sub) -> None:
     r.add_argument("--datasets", nargs="+", required=True,
                    help="ragtruth:GENERATOR (llama-2-7b-chat, llama-2-13b-chat, mistral-7B-instruct), "
                         "ragtruth:G1+G2 (pooled), ragtruth:all, ragtruth-qa:GENERATOR (the same answers through the "
-                        "QA template), squad-shapes, squad-shapes-ragtruth (the same answers through RAGTruth's "
+                        "QA template), ragtruth-chat:GENERATOR (RAGTruth's prompt in the default model's chat "
+                        "template), squad-shapes, squad-shapes-ragtruth (the same answers through RAGTruth's "
                         "prompt), faithbench, xsum-hallucination, summedits, bump, diasumfact, "
                         "begin, faithdial, rotowire (NAME@K: at most K answers per source document instead of the "
                         "set's own cap, NAME@all: every one), a labelled JSONL file, or several joined by commas "

@@ -43,22 +43,9 @@ def shuffled_passages(sample: Sample, seed: int = 0) -> Sample:
                   meta={**sample.meta, "template": "shuffled"})
 
 
-def in_chat_template(sample: Sample, tokenizer) -> Sample:
-    """``sample``'s prompt as the user turn of the tokenizer's chat template, with the assistant header after it,
-    as text (scored in the detector's own input mode)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the scoring model's tokenizer has no chat template")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    offset = text.index(sample.prompt)
-    start, end = sample.context_span or (0, len(sample.prompt))
-    return Sample(prompt=text, response=sample.response, id=sample.id, label=sample.label, spans=sample.spans,
-                  context_span=(offset + start, offset + end), meta={**sample.meta, "template": "chat"})
-
-
 def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:
     """One RAGTruth sample in rendering ``how`` (:data:`RENDERINGS`)."""
-    from halwatch.eval.protocols import as_qa_template
+    from halwatch.eval.protocols import as_qa_template, in_chat_template
 
     if how == "ragtruth":
         return sample

@@ -16,6 +16,9 @@ from halwatch.sample import task_of
 log = logging.getLogger("halwatch")
 
 
+#: RAGTruth QA in its own prompt, through the QA template, and as a chat turn (:func:`load_dataset`).
+RAGTRUTH_KINDS = ("ragtruth", "ragtruth-qa", "ragtruth-chat")
+
 PROTOCOLS = ("dev", "official", "ragtruth-official", "random-splits", "kfold", "transfer", "shape-transfer")
 
 
@@ -25,7 +28,7 @@ def dataset_names() -> list[str]:
     from halwatch.data.ragtruth import GENERATORS
     from halwatch.data.shared import SETS
 
-    return ([f"ragtruth:{g}" for g in (*GENERATORS, "all")] + [f"ragtruth-qa:{g}" for g in (*GENERATORS, "all")]
+    return ([f"{kind}:{g}" for kind in RAGTRUTH_KINDS for g in (*GENERATORS, "all")]
             + ["squad-shapes", "squad-shapes-ragtruth", *SETS])
 
 
@@ -33,23 +36,30 @@ def load_dataset(name: str):
     """Samples of a named dataset and its generator (a label for result rows): ``ragtruth:GENERATOR`` (RAGTruth QA
     of one generator, both official splits; ``ragtruth:G1+G2`` several pooled; ``ragtruth:all`` all three),
     ``ragtruth-qa:GENERATOR`` (the same answers with their passages and question rendered through the QA template
-    instead of RAGTruth's prompt), ``squad-shapes`` (:mod:`halwatch.data.shapes`), ``squad-shapes-ragtruth`` (the
-    same answers through RAGTruth's prompt, :func:`as_ragtruth_prompt`), a shared set of another shape
-    (:data:`halwatch.data.shared.SETS`; ``NAME@K`` keeps at most ``K`` answers per source document instead of the
-    set's own cap, ``NAME@all`` every answer), a generic JSONL path, or several of these joined by commas (pooled, each
-    keeping its own splits). Returns ``(samples, generator)``."""
+    instead of RAGTruth's prompt), ``ragtruth-chat:GENERATOR`` (RAGTruth's prompt as the user turn of the default
+    scoring model's chat template, :func:`in_chat_template`), ``squad-shapes`` (:mod:`halwatch.data.shapes`),
+    ``squad-shapes-ragtruth`` (the same answers through RAGTruth's prompt, :func:`as_ragtruth_prompt`), a shared set
+    of another shape (:data:`halwatch.data.shared.SETS`; ``NAME@K`` keeps at most ``K`` answers per source document
+    instead of the set's own cap, ``NAME@all`` every answer), a generic JSONL path, or several of these joined by
+    commas (pooled, each keeping its own splits). Returns ``(samples, generator)``."""
     from halwatch.data.jsonl import read_jsonl
     from halwatch.data.ragtruth import read_ragtruth
     from halwatch.data.shared import SETS, read_shared
+    from halwatch.models.loader import load_model
+    from halwatch.models.registry import DEFAULT_MODEL
 
     if "," in name:
         parts = [load_dataset(part) for part in name.split(",") if part]
         return [s for samples, _ in parts for s in samples], "+".join(g for _, g in parts)
-    if name.startswith(("ragtruth:", "ragtruth-qa:")):
-        kind, generator = name.split(":", 1)
-        chosen = None if generator == "all" else generator.split("+")
-        samples = read_ragtruth(generator=chosen)
-        return (samples if kind == "ragtruth" else [as_qa_template(s) for s in samples]), generator
+    kind, _, generator = name.partition(":")
+    if kind in RAGTRUTH_KINDS and generator:
+        samples = read_ragtruth(generator=None if generator == "all" else generator.split("+"))
+        if kind == "ragtruth-qa":
+            samples = [as_qa_template(s) for s in samples]
+        elif kind == "ragtruth-chat":
+            tokenizer = load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
+            samples = [in_chat_template(s, tokenizer) for s in samples]
+        return samples, generator
     if name in ("squad-shapes", "squad-shapes-ragtruth"):
         from halwatch.data.shapes import build_squad_shapes
 
@@ -84,6 +94,22 @@ def as_qa_template(sample):
     passages = sample.prompt[sample.context_span[0]:sample.context_span[1]]
     return Sample(context=passages, question=sample.meta["question"], response=sample.response, id=sample.id,
                   label=sample.label, spans=sample.spans, meta={**sample.meta, "template": "qa"}, task="qa")
+
+
+def in_chat_template(sample, tokenizer):
+    """``sample``'s prompt as the user turn of ``tokenizer``'s chat template, with the assistant header after it, as
+    text (scored in the detector's own input mode; the same answer, spans and label, ``context_span`` moved with the
+    prompt; ``meta["template"] = "chat"``): how a chat front end sends RAGTruth's prompt."""
+    from halwatch.sample import Sample
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("the scoring model's tokenizer has no chat template")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    offset = text.index(sample.prompt)
+    start, end = sample.context_span or (0, len(sample.prompt))
+    return Sample(prompt=text, response=sample.response, id=sample.id, label=sample.label, spans=sample.spans,
+                  context_span=(offset + start, offset + end), meta={**sample.meta, "template": "chat"})
 
 
 #: RAGTruth's QA prompt around one passage: its own words (``response.qa_open_models`` sources), with "the following
