@@ -283,7 +283,8 @@ def _prim(dist, key, blocked, weights: bool = False):
     if weights:
         dist = _distance(dist)
     n_trees, n = key.shape
-    trees = torch.arange(n_trees, device=key.device)
+    rows = dist.reshape(n_trees * n, n)  # row j of tree t is row t * n + j: one index_select per step, not the
+    first = torch.arange(n_trees, device=key.device) * n  # slower advanced indexing (half the loop's time on a CPU)
     padding = torch.isinf(blocked)
     key = key.clone()
     blocked = blocked.clone()
@@ -293,7 +294,7 @@ def _prim(dist, key, blocked, weights: bool = False):
         at = j[:, None]
         edges.scatter_(1, at, key.gather(1, at))
         blocked.scatter_(1, at, float("inf"))
-        key = torch.minimum(key, dist[trees, j] + blocked)
+        torch.minimum(key, rows.index_select(0, first + j).add_(blocked), out=key)
     return edges.masked_fill(padding, 0.0)
 
 
