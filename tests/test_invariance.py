@@ -48,3 +48,43 @@ def test_ragtruth_chat_is_ragtruths_prompt_as_a_chatml_user_turn(smol):
         assert turn == p.prompt + "<|im_end|>\n<|im_start|>assistant\n"
         assert c.prompt[slice(*c.context_span)] == p.prompt[slice(*p.context_span)]
     assert all(render(p, "chat", smol.tokenizer).prompt == c.prompt for p, c in zip(plain[:20], chat))
+
+
+def test_invariance_figures_are_those_of_scoring_each_rendering(smol, scorer, probe_by_size):
+    """`halwatch bench invariance`'s figures against the public scoring path: each rendering's probabilities are
+    `Detector.score`'s on the rendered answers, the median change and the flips are recomputed here from them; a
+    scoring model whose tokenizer has no chat template (a base model) skips the chat rendering instead of failing."""
+    import copy
+    import dataclasses
+
+    import numpy as np
+
+    from halwatch.detectors import load_detector
+    from halwatch.eval.invariance import invariance
+    from halwatch.scorer import Scorer
+
+    def fits(sample):  # one view in every rendering: score's windows and the benchmark's one view agree
+        return all(len(scorer.encode_windows(render(sample, how, smol.tokenizer, 0))) == 1 for how in RENDERINGS)
+
+    small = [s for s in probe_by_size if fits(s)]
+    samples = [s for s in small if s.label == 1][:3] + [s for s in small if s.label == 0][:3]
+    detector = load_detector("perplexity", scorer=scorer)
+    found = invariance(detector, samples, progress=False)
+    assert found["skipped"] == [] and list(found["renderings"]) == list(RENDERINGS)
+    base = detector.score(samples)
+    for how in RENDERINGS:
+        p = detector.score([render(s, how, smol.tokenizer, 0) for s in samples])
+        np.testing.assert_allclose(found["probabilities"][how], p, atol=1e-5)
+        r = found["renderings"][how]
+        assert r["median_abs_change"] == round(float(np.median(np.abs(p - base))), 4)
+        flipped = sum((a >= detector.threshold) != (b >= detector.threshold) for a, b in zip(p, base))
+        assert r["flips"] == round(flipped / len(samples), 4)
+    assert found["renderings"]["chat"]["median_abs_change"] > 0  # the chat wrapper does move a perplexity
+
+    tokenizer = copy.deepcopy(smol.tokenizer)
+    tokenizer.chat_template = None
+    base_model = dataclasses.replace(smol, tokenizer=tokenizer)
+    plain = load_detector("perplexity", scorer=Scorer(model=base_model, max_tokens=512, cache=scorer.cache.root))
+    without = invariance(plain, samples, progress=False)
+    assert without["skipped"] == ["chat"] and list(without["renderings"]) == ["ragtruth", "qa", "shuffled"]
+    assert without["probabilities"]["qa"] == found["probabilities"]["qa"]

@@ -62,21 +62,25 @@ def invariance(detector, samples: list[Sample], progress: bool = True, seed: int
     """Score every sample in every rendering with a fitted ``detector``; per rendering: ``median_abs_change`` and
     ``mean_abs_change`` of the probability against ``ragtruth``, ``flips`` (share of verdicts that differ),
     ``auroc``, ``flagged`` (share of answers called hallucinated) and ``n``; and the per-answer probabilities.
-    Every rendering is question answering: a detector with one part per task is judged by its ``qa`` part."""
+    Every rendering is question answering: a detector with one part per task is judged by its ``qa`` part. A scoring
+    model whose tokenizer has no chat template (a base model) skips ``chat``, listed under ``skipped``."""
     from halwatch.eval.metrics import evaluate
 
     detector = detector.for_task("qa")
     scorer = detector._scorer()
+    tokenizer = scorer.model.tokenizer
+    hows = [how for how in RENDERINGS if how != "chat" or getattr(tokenizer, "chat_template", None)]
     labels = np.array([s.label for s in samples])
     probs, ranking, inputs = {}, {}, {}
-    for how in RENDERINGS:
-        rendered = [render(s, how, scorer.model.tokenizer, seed) for s in samples]
+    for how in hows:
+        rendered = [render(s, how, tokenizer, seed) for s in samples]
         views = [scorer.encode(s) for s in rendered]
         signals = scorer.signals(rendered, detector.request(), progress=progress, views=views)
         probs[how], ranking[how] = detector.scores_and_ranking(signals)
         inputs[how] = np.asarray(detector.ood_inputs(signals), dtype=float)
     base = probs["ragtruth"]
-    out = {"n": len(samples), "threshold": float(detector.threshold), "dtype": scorer.model.dtype, "renderings": {}}
+    out = {"n": len(samples), "threshold": float(detector.threshold), "dtype": scorer.model.dtype, "renderings": {},
+           "skipped": [how for how in RENDERINGS if how not in hows]}
     for how, p in probs.items():
         change = np.abs(p - base)
         flips = (p >= detector.threshold) != (base >= detector.threshold)
@@ -126,6 +130,8 @@ def run_invariance(detector: str = "default", dataset: str = "ragtruth:all", spl
     for how, r in result["renderings"].items():
         print(f"| {how} | {r['median_abs_change']:.3f} | {r['mean_abs_change']:.3f} | {r['flips']:.3f} | "
               f"{r['flagged']:.3f} | {r['auroc']:.3f} |")
+    for how in result["skipped"]:
+        print(f"| {how} | skipped: the scoring model's tokenizer has no chat template |")
     for how, r in result["renderings"].items():
         if how != "ragtruth" and "inputs_median_abs_change_sd" in r:
             moved = ", ".join(f"{k} {v:.2f}" for k, v in r["inputs_median_abs_change_sd"].items())
