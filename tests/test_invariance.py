@@ -26,6 +26,7 @@ def test_every_rendering_keeps_the_answer_the_passages_and_the_question(smol):
         chat = render(sample, "chat", smol.tokenizer)
         assert chat.prompt.startswith("<|im_start|>") and sample.prompt in chat.prompt
         assert render(sample, "qa").prompt.endswith("\nAnswer:")
+        assert render(sample, "inst").prompt == f"[INST] {sample.prompt} [/INST]"
 
 
 def test_ragtruth_chat_is_ragtruths_prompt_as_a_chatml_user_turn(smol):
@@ -86,5 +87,5 @@ def test_invariance_figures_are_those_of_scoring_each_rendering(smol, scorer, pr
     base_model = dataclasses.replace(smol, tokenizer=tokenizer)
     plain = load_detector("perplexity", scorer=Scorer(model=base_model, max_tokens=512, cache=scorer.cache.root))
     without = invariance(plain, samples, progress=False)
-    assert without["skipped"] == ["chat"] and list(without["renderings"]) == ["ragtruth", "qa", "shuffled"]
+    assert without["skipped"] == ["chat"] and list(without["renderings"]) == ["ragtruth", "qa", "shuffled", "inst"]
     assert without["probabilities"]["qa"] == found["probabilities"]["qa"]

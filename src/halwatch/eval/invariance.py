@@ -8,7 +8,10 @@ one through:
 - ``qa``: :data:`halwatch.sample.QA_TEMPLATE` (the passages as context, then the question, then ``Answer:``);
 - ``chat``: RAGTruth's prompt inside the scoring model's chat template (user turn and assistant header), as a
   chat front end would send it;
-- ``shuffled``: RAGTruth's prompt with its passages in another (seeded) order, renumbered.
+- ``shuffled``: RAGTruth's prompt with its passages in another (seeded) order, renumbered;
+- ``inst``: RAGTruth's prompt in the ``[INST] ... [/INST]`` wrapping of Llama-2-chat and Mistral-Instruct (the
+  generators of RAGTruth's answers), as text: a template no training set of the default is rendered in, where
+  ``qa`` and ``chat`` are (``ragtruth-qa``, ``ragtruth-chat``).
 
 and reports, for each rendering against RAGTruth's own, the median absolute change of the probability, the share of
 verdicts that flip, and each rendering's AUROC; and, per input of the detector's last step (for the fused detector:
@@ -25,7 +28,7 @@ import numpy as np
 
 from halwatch.sample import Sample
 
-RENDERINGS = ("ragtruth", "qa", "chat", "shuffled")
+RENDERINGS = ("ragtruth", "qa", "chat", "shuffled", "inst")
 
 
 def shuffled_passages(sample: Sample, seed: int = 0) -> Sample:
@@ -43,6 +46,16 @@ def shuffled_passages(sample: Sample, seed: int = 0) -> Sample:
                   meta={**sample.meta, "template": "shuffled"})
 
 
+def in_inst_wrapping(sample: Sample) -> Sample:
+    """``sample``'s prompt as ``[INST] PROMPT [/INST]`` (Llama-2-chat's and Mistral-Instruct's user turn without a
+    system message), the context span moved with it."""
+    head = "[INST] "
+    start, end = sample.context_span or (0, len(sample.prompt))
+    return Sample(prompt=head + sample.prompt + " [/INST]", response=sample.response, id=sample.id,
+                  label=sample.label, spans=sample.spans, context_span=(len(head) + start, len(head) + end),
+                  meta={**sample.meta, "template": "inst"})
+
+
 def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:
     """One RAGTruth sample in rendering ``how`` (:data:`RENDERINGS`)."""
     from halwatch.eval.protocols import as_qa_template, in_chat_template
@@ -55,6 +68,8 @@ def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:
         return in_chat_template(sample, tokenizer)
     if how == "shuffled":
         return shuffled_passages(sample, seed)
+    if how == "inst":
+        return in_inst_wrapping(sample)
     raise ValueError(f"unknown rendering {how!r}: choose from {', '.join(RENDERINGS)}")
 
 
