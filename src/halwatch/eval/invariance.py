@@ -49,11 +49,9 @@ def shuffled_passages(sample: Sample, seed: int = 0) -> Sample:
 def in_inst_wrapping(sample: Sample) -> Sample:
     """``sample``'s prompt as ``[INST] PROMPT [/INST]`` (Llama-2-chat's and Mistral-Instruct's user turn without a
     system message), the context span moved with it."""
-    head = "[INST] "
-    start, end = sample.context_span or (0, len(sample.prompt))
-    return Sample(prompt=head + sample.prompt + " [/INST]", response=sample.response, id=sample.id,
-                  label=sample.label, spans=sample.spans, context_span=(len(head) + start, len(head) + end),
-                  meta={**sample.meta, "template": "inst"})
+    from halwatch.eval.protocols import wrapped_prompt
+
+    return wrapped_prompt(sample, "[INST] ", " [/INST]", "inst")
 
 
 def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:

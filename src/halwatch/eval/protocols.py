@@ -45,8 +45,6 @@ def load_dataset(name: str):
     from halwatch.data.jsonl import read_jsonl
     from halwatch.data.ragtruth import read_ragtruth
     from halwatch.data.shared import SETS, read_shared
-    from halwatch.models.loader import load_model
-    from halwatch.models.registry import DEFAULT_MODEL
 
     if "," in name:
         parts = [load_dataset(part) for part in name.split(",") if part]
@@ -57,6 +55,9 @@ def load_dataset(name: str):
         if kind == "ragtruth-qa":
             samples = [as_qa_template(s) for s in samples]
         elif kind == "ragtruth-chat":
+            from halwatch.models.loader import load_model
+            from halwatch.models.registry import DEFAULT_MODEL
+
             tokenizer = load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
             samples = [in_chat_template(s, tokenizer) for s in samples]
         return samples, generator
@@ -100,16 +101,23 @@ def in_chat_template(sample, tokenizer):
     """``sample``'s prompt as the user turn of ``tokenizer``'s chat template, with the assistant header after it, as
     text (scored in the detector's own input mode; the same answer, spans and label, ``context_span`` moved with the
     prompt; ``meta["template"] = "chat"``): how a chat front end sends RAGTruth's prompt."""
-    from halwatch.sample import Sample
-
     if not getattr(tokenizer, "chat_template", None):
         raise InputError("the scoring model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], tokenize=False,
                                          add_generation_prompt=True)
-    offset = text.index(sample.prompt)
+    head, _, tail = text.partition(sample.prompt)
+    return wrapped_prompt(sample, head, tail, "chat")
+
+
+def wrapped_prompt(sample, head: str, tail: str, template: str):
+    """``sample`` with its prompt between ``head`` and ``tail`` (the same answer, spans and label, ``context_span``
+    moved with the prompt, ``meta["template"] = template``)."""
+    from halwatch.sample import Sample
+
     start, end = sample.context_span or (0, len(sample.prompt))
-    return Sample(prompt=text, response=sample.response, id=sample.id, label=sample.label, spans=sample.spans,
-                  context_span=(offset + start, offset + end), meta={**sample.meta, "template": "chat"})
+    return Sample(prompt=head + sample.prompt + tail, response=sample.response, id=sample.id, label=sample.label,
+                  spans=sample.spans, context_span=(len(head) + start, len(head) + end),
+                  meta={**sample.meta, "template": template})
 
 
 #: RAGTruth's QA prompt around one passage: its own words (``response.qa_open_models`` sources), with "the following
