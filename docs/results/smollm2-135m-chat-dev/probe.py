@@ -5,16 +5,14 @@ text after the prompt: end of the user turn and the assistant header)."""
 import sys
 
 import halwatch.eval.invariance as inv
-from halwatch.eval.protocols import wrapped_prompt
+from halwatch.eval.protocols import in_chat_template, wrapped_prompt
 
 _render = inv.render
 
 
 def render(sample, how, tokenizer=None, seed=0):
-    if how in ("chat-head", "chat-tail"):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        head, _, tail = text.partition(sample.prompt)
+    if how in ("chat-head", "chat-tail"):  # the two halves of the benchmark's own chat rendering
+        head, _, tail = in_chat_template(sample, tokenizer).prompt.partition(sample.prompt)
         return wrapped_prompt(sample, head, "", how) if how == "chat-head" else wrapped_prompt(sample, "", tail, how)
     return _render(sample, how, tokenizer, seed)
 
