@@ -150,7 +150,7 @@ def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_p
     """`score --input` holds the signals of `CHUNK` views at a time, so that memory stays flat on a long file: the
     verdicts are those of the whole file in one batch, in input order, and the windows of a long context (a 256-token
     cap cuts these contexts into several) stay together in one chunk even where they outnumber it."""
-    from halwatch import cli
+    from halwatch import pipeline
 
     short = [s for s in probe if len(s.response) < 400]  # responses that leave room for context under the cap
     chosen = short[:3] + short[-2:]
@@ -158,7 +158,7 @@ def test_a_file_is_scored_a_chunk_at_a_time_with_the_verdicts_of_one_batch(tmp_p
     write_jsonl(data, [s.to_dict() for s in chosen])
     outputs = []
     for chunk in (10_000, 3):
-        monkeypatch.setattr(cli, "CHUNK", chunk)
+        monkeypatch.setattr(pipeline, "CHUNK", chunk)
         out = tmp_path / f"out-{chunk}.jsonl"
         halwatch("-q", "score", "--input", data, "--output", out, "--max-tokens", "256")
         outputs.append([json.loads(line) for line in out.read_text().splitlines()])

@@ -181,9 +181,9 @@ def test_pooled_hidden_states_and_diag_reducer(smol, probe):
 def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path):
     """`halwatch bench speed --parts split`: the forward clock counts the time of each forward pass of the scoring
     path (one per batch), and the split adds up: inside + outside = the whole path."""
-    from halwatch.eval.speed import ForwardClock, _default_detector, batched_rate, forward_split
+    from halwatch.eval.speed import ForwardClock, batched_rate, default_pipeline, forward_split
 
-    detector = _default_detector(smol)
+    pipeline = default_pipeline(smol)
     answers = [Sample(prompt="Q: Which city is the capital of France?\nAnswer:", response=r, id=str(i))
                for i, r in enumerate(("Paris.", "It is Lyon, I think.", "Paris, on the Seine."))]
     forward.install(smol.model)  # the capture's check runs two passes once per model, on its first use: not below
@@ -191,26 +191,25 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path)
     clock = ForwardClock(smol.model)
     counter = smol.model.register_forward_hook(lambda *a: calls.append(1))
     try:
-        detector._scorer().batch_size = 1
-        detector.score(answers)
+        pipeline.score(pipeline.encode(answers), batch_size=1)
     finally:
         clock.close()
         counter.remove()
     assert len(calls) == 3 and clock.seconds > 0
     lines = []
-    rows = forward_split(detector, batches=(1, 3), out=lines.append, samples=answers)
+    rows = forward_split(pipeline, batches=(1, 3), out=lines.append, samples=answers)
     assert [r["batch"] for r in rows] == [1, 3] and lines[-1].startswith("| 3 |")
     for r in rows:
         assert r["answers"] == 3 and r["inside_s"] > 0 and r["outside_s"] > 0 and r["plain_forward_s"] > 0
         assert r["inside_s"] + r["outside_s"] == pytest.approx(r["total_s"])
     # --parts batched: the whole path in the scorer's own batches against a plain forward of the same batches
     lines = []
-    row = batched_rate(detector, repeats=1, out=lines.append, samples=answers)
+    row = batched_rate(pipeline, repeats=1, out=lines.append, samples=answers)
     assert row["answers"] == 3 and row["batches"] == 1 and row["answers_per_s"] > 0
     assert row["ratio"] == pytest.approx(row["answers_per_s"] / row["plain_forward_answers_per_s"])
     assert "answers/s" in lines[-1] and "in 1 batches" in lines[-1]
     # --processes 2: two processes of their own, each with its model, score the answers together (a core each)
-    row = batched_rate(detector, repeats=1, out=lines.append, processes=2, samples=answers)
+    row = batched_rate(pipeline, repeats=1, out=lines.append, processes=2, samples=answers)
     assert row["processes"] == 2 and row["answers"] == 3 and row["answers_per_s"] > 0
     assert "2 processes together" in lines[-1]
     # a process that cannot load its model stops the measure with its reason, at once
@@ -221,14 +220,13 @@ def test_the_speed_split_times_every_forward_of_the_scoring_path(smol, tmp_path)
     nowhere = SimpleNamespace(name="nowhere", path=str(tmp_path / "no-model"), device="cpu", dtype="float32")
     with pytest.raises(RuntimeError, match="a scoring process failed: ModelError"):
         _rate_of_processes(nowhere, 2, answers, 1)
-    # --parts phases: each phase timed, the inner ones within the outer ones, and every timed function put back
+    # --parts phases: each phase timed, the inner ones within the outer ones, and nothing timed once it is done
     from halwatch.eval.speed import phases
-    from halwatch.scorer import Scorer
+    from halwatch.timing import active
 
-    before = (forward.run, forward.to_host, Scorer.encode_many, type(detector).verdicts)
     lines = []
-    spent = phases(detector, batch_size=3, out=lines.append, samples=answers)["ms_per_answer"]
-    assert (forward.run, forward.to_host, Scorer.encode_many, type(detector).verdicts) == before
+    spent = phases(pipeline, batch_size=3, out=lines.append, samples=answers)["ms_per_answer"]
+    assert active() is None
     assert all(v > 0 for v in spent.values())
     assert spent["token statistics, hidden states"] < spent["forward pass with the capture"]
     assert spent["token features"] + spent["token model"] < spent["detector: scores and spans"]

@@ -97,8 +97,8 @@ def _signals_of(det, records):
     from halwatch.data.jsonl import sample_from_record
 
     samples = [sample_from_record(r, "test") for r in records]
-    views = [det._scorer().encode(s) for s in samples]
-    return views, det._scorer().signals(samples, det.request(), views=views)
+    views = [det.get_scorer().encode(s) for s in samples]
+    return views, det.get_scorer().signals(samples, det.request(), views=views)
 
 
 def _command(input_path, output, address, *extra) -> list[str]:

@@ -182,6 +182,9 @@ def test_tokenizing_many_together_gives_the_views_of_one_at_a_time(smol, probe, 
     assert [kept[0][0].input_ids, kept[2][0].input_ids] == [encode(s, smol.tokenizer, mode, 300).input_ids
                                                             for s in (samples[0], samples[1])]
     assert encode_many([], smol.tokenizer, mode) == []
+    # only samples cut before tokenizing (the service encodes one request's answer at a time): no empty prompt batch
+    (alone,) = encode_many([long], smol.tokenizer, mode, 400, 2)
+    assert [v.input_ids for v in alone] == [v.input_ids for v in encode_windows(long, smol.tokenizer, mode, 400, 2)]
 
 
 def test_runs_within_a_limit_keep_order_and_give_an_oversized_item_its_own_run():

@@ -1,12 +1,18 @@
 """halwatch: detect hallucinations in retrieval-augmented LLM answers.
 
-The public API:
+The face (:mod:`halwatch.checker`)::
 
+    import halwatch
+
+    hw = halwatch.load()
+    result = hw.check(context="...", question="...", response="...")
+
+- :func:`halwatch.load` -> :class:`halwatch.Checker`, whose ``check`` / ``check_many`` return
+  :class:`halwatch.Result` s: the probability of hallucination, the verdict at the detector's threshold, the
+  unsupported words as spans with their confidence, the task, how far the answer lies from the training data.
 - :class:`halwatch.Sample`: a prompt (or context + question) and a response, with optional label and gold spans.
-- :class:`halwatch.Scorer`: runs a scoring language model once over ``prompt + response`` and returns the signals
-  detectors ask for (cached on disk).
-- :func:`halwatch.load_detector` / the classes in :mod:`halwatch.detectors`: the detector contract
-  ``fit(samples, labels)``, ``score(samples)``, ``spans(sample)``, ``save(path)`` / ``load(path)``.
+- For fitting and research: :class:`halwatch.Scorer` (the scoring model's one pass, its signals cached on disk) and
+  :func:`halwatch.load_detector` / :func:`halwatch.detectors.create_detector` (the detectors' contract).
 """
 
 from halwatch.errors import HalwatchError, InputError, ModelError
@@ -14,17 +20,17 @@ from halwatch.sample import Sample
 
 __version__ = "0.1.0"
 
-__all__ = ["HalwatchError", "InputError", "ModelError", "Sample", "Scorer", "load_detector", "__version__"]
+__all__ = ["Checker", "HalwatchError", "InputError", "ModelError", "Result", "Sample", "Scorer", "load",
+           "load_detector", "__version__"]
+
+_LAZY = {"Checker": "halwatch.checker", "load": "halwatch.checker", "Result": "halwatch.result",
+         "Scorer": "halwatch.scorer", "load_detector": "halwatch.detectors"}
 
 
 def __getattr__(name):
     # Lazy imports keep `import halwatch` (and `halwatch --help`) fast: torch and transformers load only when needed.
-    if name == "Scorer":
-        from halwatch.scorer import Scorer
+    if name in _LAZY:
+        import importlib
 
-        return Scorer
-    if name == "load_detector":
-        from halwatch.detectors import load_detector
-
-        return load_detector
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)

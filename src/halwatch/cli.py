@@ -104,12 +104,11 @@ def _read_input(path: str, skip_invalid: bool, task: str | None = None):
     return samples
 
 
-def _encode_all(scorer, samples, skip_invalid: bool, windows: bool = False):
-    """Token views of the samples; records that cannot fit the token cap are an error or, skipped, reported. With
-    ``windows``, every window of a long context (:meth:`halwatch.scorer.Scorer.encode_windows`), each with its
-    sample."""
+def _encode_all(scorer, samples, skip_invalid: bool):
+    """The samples that fit the token cap (:meth:`halwatch.scorer.Scorer.encode`'s one view, as fitting reads
+    them), and their views; the others are an error or, skipped, reported."""
     kept, views = [], []
-    for s, found in zip(samples, scorer.encode_many(samples, windows, keep_errors=skip_invalid)):
+    for s, found in zip(samples, scorer.encode_many(samples, False, keep_errors=skip_invalid)):
         if isinstance(found, InputError):
             log.warning("skipped %s", found)
             continue
@@ -157,12 +156,13 @@ def _add_windows_option(p: argparse.ArgumentParser) -> None:
                         f"left instead (default {MAX_WINDOWS})")
 
 
-def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None):
+def _scorer_from(args, identity: dict | None = None, input_mode: str | None = None, remote=None):
     """The scorer of a command's options (:func:`_scorer_options` and ``--no-cache``), falling back to an
     artifact's ``identity``."""
     from halwatch.scorer import Scorer
 
-    return Scorer.from_options(**_scorer_options(args, input_mode), cache=not args.no_cache, identity=identity)
+    return Scorer.from_options(**_scorer_options(args, input_mode), cache=not args.no_cache, identity=identity,
+                               remote=remote)
 
 
 def _add_ray_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -211,8 +211,9 @@ def _score_on_ray(args, artifact: dict) -> int:
 
 
 def cmd_score(args) -> int:
-    from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors import load_detector, read_artifact
     from halwatch.detectors.base import check_confidence
+    from halwatch.pipeline import Pipeline, encoded
     from halwatch.sample import Sample
 
     single = args.response is not None
@@ -230,10 +231,9 @@ def cmd_score(args) -> int:
                           question=args.question, id=args.id, task=args.task)]
     else:
         samples = _read_input(args.input, args.skip_invalid, args.task)
-    scorer = _scorer_from(args, artifact)
-    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
-    samples, views = _encode_all(scorer, samples, args.skip_invalid, windows=True)
-    records = _verdicts_in_chunks(scorer, detector, views, progress=not single)
+    pipeline = Pipeline(load_detector(artifact, scorer=_scorer_from(args, artifact)))
+    _, answers = encoded(pipeline, samples, args.skip_invalid, on_skip=lambda err: log.warning("skipped %s", err))
+    records = (r.to_dict() for r in pipeline.stream(answers, progress=not single))
     if single:
         print(json.dumps(next(records), ensure_ascii=False, indent=1))
         return 0
@@ -254,26 +254,6 @@ def cmd_score(args) -> int:
     write_jsonl(args.output, counted(records))
     note(f"scored {counts['scored']} responses, {counts['flagged']} flagged as hallucinated -> {args.output}")
     return 0
-
-
-#: Views (answers, or windows of a long context) whose signals ``halwatch score`` holds at once: an answer's
-#: signals and features take megabytes (1,200 cached RAGTruth answers held whole: 3.4 GB resident, 1.4 GB in chunks),
-#: so a file is scored and written a chunk at a time and memory stays flat however long it is.
-CHUNK = 256
-
-
-def _verdicts_in_chunks(scorer, detector, views, progress: bool):
-    """:meth:`~halwatch.detectors.base.Detector.verdicts` of ``views``, in order, computed :data:`CHUNK` views at
-    a time (the windows of one answer stay in one chunk), under one progress bar."""
-    from halwatch.progress import progress as progress_bar
-    from halwatch.tokens import runs_within, window_groups
-
-    request = detector.request()
-    groups = window_groups(views)
-    with progress_bar(total=len(views), disable=not progress, desc="forward", unit="sample") as bar:
-        for run in runs_within([len(g) for g in groups], CHUNK):
-            part = views[groups[run.start][0]:groups[run.stop - 1][-1] + 1]
-            yield from detector.verdicts(part, scorer.signals([v.sample for v in part], request, views=part, bar=bar))
 
 
 def _labelled_input(args, scorer, labelled: bool = True):
@@ -404,7 +384,7 @@ def _fit_notes(detector, head: str) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors import load_detector, read_artifact
 
     artifact = read_artifact(args.detector)
     if args.prior is not None:
@@ -416,7 +396,7 @@ def cmd_calibrate(args) -> int:
         raise InputError("calibrating needs grounded (0) and hallucinated (1) answers")
     from halwatch.sample import task_of
 
-    detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+    detector = load_detector(artifact, scorer=scorer)
     views, raw = detector.answers(samples, progress=True)[:2]
     # the new thresholds hold for scores of this precision (the artifact's "dtype" stays that of its fit)
     describe = f"{describe}; scored in {scorer.identity()['dtype']}"
@@ -444,7 +424,7 @@ def _restate(args, artifact) -> int:
     """``calibrate --prior``: the detector's probabilities restated for a share of hallucinated answers, stated or
     estimated from unlabelled answers (:meth:`halwatch.detectors.base.Detector.restate_prior`); every verdict and
     span is kept."""
-    from halwatch.detectors import DETECTORS
+    from halwatch.detectors import load_detector
     from halwatch.sample import task_of
 
     if args.target_fpr is not None:
@@ -452,14 +432,14 @@ def _restate(args, artifact) -> int:
     if args.prior == "estimate":
         scorer = _scorer_from(args, artifact)
         samples, describe = _labelled_input(args, scorer, labelled=False)
-        detector = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+        detector = load_detector(artifact, scorer=scorer)
         probs = detector.score(samples, progress=True)
         found = detector.restate_prior(probs=probs, describe=describe, tasks=[task_of(s) for s in samples])
     else:
         if args.input or args.datasets:
             raise InputError("a stated --prior needs no answers: leave out --input and --datasets, or use "
                              "--prior estimate to estimate the share from them")
-        detector = DETECTORS[artifact["detector"]].from_dict(artifact)
+        detector = load_detector(artifact)
         found = detector.restate_prior(args.prior, describe=args.describe or "stated",
                                        tasks=[args.task] if args.task else None)
     detector.save(args.output)
@@ -537,7 +517,7 @@ GUIDES = {"lookback": "lookback-lens", "toha": "toha"}
 
 def _guide(args):
     """The guide detector and the scorer it runs on (greedy decoding: no detector)."""
-    from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors import load_detector, read_artifact
 
     mode = args.input_mode
     if not args.guide:
@@ -548,7 +528,7 @@ def _guide(args):
         name = GUIDES[name] + ("-chat" if mode == "chat" else "")
     artifact = read_artifact(name)  # an artifact file's own input mode unless --input-mode is given
     scorer = _scorer_from(args, artifact, input_mode=mode)
-    return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer), scorer
+    return load_detector(artifact, scorer=scorer), scorer
 
 
 def cmd_generate(args) -> int:
@@ -655,12 +635,14 @@ def cmd_bench(args) -> int:
     from halwatch.detectors import parse_settings
     from halwatch.eval.bench import run_bench
 
-    scorer = _scorer_from(args)
+    remote = None
     if args.ray is not None:
+        from functools import partial
+
         from halwatch.scale import ray_signals
 
-        options = _ray_options(args)
-        scorer.remote = lambda samples, request: ray_signals(scorer, samples, request, **options)
+        remote = partial(ray_signals, **_ray_options(args))
+    scorer = _scorer_from(args, remote=remote)
     run_bench(scorer, args.detectors, args.protocol, args.datasets, args.out, seeds=args.seeds,
               probe_size=args.probe_size, settings=parse_settings(args.set), sweeps=args.sweeps, sweep=args.sweep,
               map_from_model=args.map_from_model, command="halwatch " + " ".join(sys.argv[1:]),

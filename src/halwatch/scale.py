@@ -129,29 +129,29 @@ def batch_records(batch: dict) -> list[dict]:
     return rows
 
 
-class _Loaded:
-    """What every actor holds: a scorer (the model loaded once, no disk cache) and, given one, the detector."""
+def _actor_threads(threads: int | None) -> None:
+    """An actor's torch threads: its CPUs."""
+    import torch
 
-    def __init__(self, detector: str | dict | None, scorer_options: dict | None = None, threads: int | None = None,
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+class ScoreActor:
+    """Scores a batch of records through the one scoring path (:class:`~halwatch.pipeline.Pipeline`, the model
+    loaded once per actor, no disk cache): columns ``id``, ``result`` (the JSON of the verdict, as ``halwatch
+    score`` writes it; empty on failure) and ``error`` (empty on success)."""
+
+    def __init__(self, detector: str | dict, scorer_options: dict | None = None, threads: int | None = None,
                  gpu_share: float = 0):
-        import torch
-
-        from halwatch.detectors import DETECTORS, read_artifact
+        from halwatch.detectors import load_detector
         from halwatch.models.loader import share_device
-        from halwatch.scorer import Scorer
+        from halwatch.pipeline import Pipeline
 
-        if threads:
-            torch.set_num_threads(int(threads))
-        artifact = detector if isinstance(detector, dict) or detector is None else read_artifact(detector)
-        self.scorer = Scorer.from_options(identity=artifact, cache=None, **(scorer_options or {}))
-        self.detector = None if artifact is None else DETECTORS[artifact["detector"]].from_dict(artifact,
-                                                                                                  scorer=self.scorer)
-        share_device(self.scorer.model, gpu_share)  # load it now, once per actor; a fraction of a GPU: its memory
+        _actor_threads(threads)
+        self.pipeline = Pipeline(load_detector(detector, **{**(scorer_options or {}), "cache": None}))
+        share_device(self.pipeline.scorer.model, gpu_share)  # load it now; a fraction of a GPU: its memory
 
-
-class ScoreActor(_Loaded):
-    """Scores a batch of records: columns ``id``, ``result`` (the JSON of the verdict, as ``halwatch score``
-    writes it; empty on failure) and ``error`` (empty on success)."""
 
     def __call__(self, batch: dict) -> dict:
         records = batch_records(batch)
@@ -166,7 +166,7 @@ class ScoreActor(_Loaded):
                 parsed.append((i, sample_from_record(record, f"record {ids[i] or i}")))
             except InputError as exc:
                 errors[i] = str(exc)
-        found = self.scorer.encode_many([sample for _, sample in parsed], keep_errors=True)
+        found = self.pipeline.encode([sample for _, sample in parsed], keep_errors=True)
         for (i, sample), sample_views in zip(parsed, found):
             if isinstance(sample_views, InputError):
                 errors[i] = str(sample_views)
@@ -188,19 +188,23 @@ class ScoreActor(_Loaded):
                 "error": np.array(errors, dtype=object)}
 
     def _score(self, chunk, samples, views, slots, results) -> None:
-        picked_views = [v for j in chunk for v in views[j]]  # an answer's windows of a long context together
-        signals = self.scorer.signals([v.sample for v in picked_views], self.detector.request(), views=picked_views)
-        for j, verdict in zip(chunk, self.detector.verdicts(picked_views, signals)):
-            results[slots[j]] = json.dumps(verdict, ensure_ascii=False)
+        for j, result in zip(chunk, self.pipeline.score([views[j] for j in chunk])):
+            results[slots[j]] = json.dumps(result.to_dict(), ensure_ascii=False)
 
 
-class SignalActor(_Loaded):
-    """Computes the signals of a batch of records for ``request`` (from the driver's scorer): columns ``id`` and
-    ``signals`` (the arrays, as bytes of an ``.npz``)."""
+class SignalActor:
+    """Computes the signals of a batch of records for ``request`` (from the driver's scorer, whose options it
+    loads the model with once, no disk cache): columns ``id`` and ``signals`` (the arrays, as bytes of an
+    ``.npz``)."""
 
     def __init__(self, request, scorer_options: dict | None = None, threads: int | None = None,
                  gpu_share: float = 0):
-        super().__init__(None, scorer_options, threads, gpu_share)
+        from halwatch.models.loader import share_device
+        from halwatch.scorer import Scorer
+
+        _actor_threads(threads)
+        self.scorer = Scorer.from_options(cache=None, **(scorer_options or {}))
+        share_device(self.scorer.model, gpu_share)
         self.request = request
 
     def __call__(self, batch: dict) -> dict:

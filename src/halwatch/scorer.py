@@ -13,6 +13,7 @@ from halwatch.models.forward import SignalRequest, Signals, attach_support
 from halwatch.models.loader import ScoringModel, load_model
 from halwatch.progress import progress as progress_bar
 from halwatch.sample import Sample, task_of
+from halwatch.timing import timed
 from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, MAX_WINDOWS, TokenView, encode, encode_many, encode_windows
 
 log = logging.getLogger("halwatch")
@@ -28,13 +29,15 @@ class Scorer:
     ``device`` and ``dtype`` (:func:`halwatch.models.loader.load_model`) apply when the model is loaded here.
     ``batch_size``: answers per forward pass, or ``None``: as many as fit ``batch_tokens`` padded tokens
     (answers are sorted by length first, so a batch pads little). ``windows``: the most windows a context longer
-    than the cap is scored in (:meth:`encode_windows`; 1: its left part is cut). The model is loaded on first use.
+    than the cap is scored in (:meth:`encode_windows`; 1: its left part is cut). ``remote``: a function
+    ``remote(scorer, samples, request) -> signals`` that computes uncached signals elsewhere
+    (:func:`halwatch.scale.ray_signals`). The model is loaded on first use.
     """
 
     def __init__(self, model: str | ScoringModel = registry.DEFAULT_MODEL, input_mode: str = "raw",
                  max_tokens: int = DEFAULT_MAX_TOKENS, cache: bool | str | Path | None = True,
                  batch_size: int | None = 1, device: str = "auto", dtype: str = "auto",
-                 batch_tokens: int | None = None, windows: int = MAX_WINDOWS):
+                 batch_tokens: int | None = None, windows: int = MAX_WINDOWS, remote=None):
         if input_mode not in INPUT_MODES:
             raise ValueError(f"unknown input mode {input_mode!r}: choose one of {', '.join(INPUT_MODES)}")
         if max_tokens < 8:
@@ -49,9 +52,9 @@ class Scorer:
             raise ValueError(f"windows must be at least 1, got {windows}")
         self.windows = windows
         self.device, self.dtype = device, dtype
-        #: ``remote(samples, request) -> signals``: where uncached signals are computed instead of this process
+        #: ``remote(scorer, samples, request) -> signals``: where uncached signals are computed instead of this process
         #: (:func:`halwatch.scale.ray_signals` for ``--ray``); they are cached here all the same.
-        self.remote = None
+        self.remote = remote
         if cache is True:
             cache = registry.home() / "signals"
         self.cache = SignalCache(Path(cache)) if cache else None
@@ -60,14 +63,22 @@ class Scorer:
     def from_options(cls, model: str | ScoringModel | None = None, input_mode: str | None = None,
                      max_tokens: int | None = None, cache: bool | str | Path | None = True,
                      batch_size: int | None = 1, identity: dict | None = None, device: str = "auto",
-                     dtype: str = "auto", windows: int = MAX_WINDOWS) -> "Scorer":
+                     dtype: str = "auto", windows: int = MAX_WINDOWS, remote=None) -> "Scorer":
         """A scorer from optional choices (a command line's), each falling back to an artifact's ``identity``
         (scoring model, input mode, token cap), then to the defaults."""
         identity = identity or {}
         return cls(model=model or identity.get("scoring_model", registry.DEFAULT_MODEL),
                    input_mode=input_mode or identity.get("input_mode", "raw"),
                    max_tokens=max_tokens or identity.get("max_tokens", DEFAULT_MAX_TOKENS),
-                   cache=cache, batch_size=batch_size, device=device, dtype=dtype, windows=windows)
+                   cache=cache, batch_size=batch_size, device=device, dtype=dtype, windows=windows, remote=remote)
+
+    def on_model(self, model: str | ScoringModel) -> "Scorer":
+        """A scorer with this one's settings (input mode, token cap, cache, batching, device, precision, windows)
+        on another scoring model."""
+        return Scorer(model=model, input_mode=self.input_mode, max_tokens=self.max_tokens,
+                      cache=self.cache is not None and self.cache.root, batch_size=self.batch_size,
+                      device=self.device, dtype=self.dtype, batch_tokens=self.batch_tokens, windows=self.windows,
+                      remote=self.remote)
 
     @property
     def model(self) -> ScoringModel:
@@ -95,6 +106,7 @@ class Scorer:
         calibrates on these (:meth:`windowed`)."""
         return encode_windows(sample, self.model.tokenizer, self.input_mode, self.max_tokens, self.windows)
 
+    @timed("tokenizing")
     def encode_many(self, samples: list[Sample], windows: bool = True, keep_errors: bool = False) -> list:
         """Every sample's views, tokenized together (:func:`halwatch.tokens.encode_many`): those of
         :meth:`encode_windows`, or with ``windows=False`` :meth:`encode`'s one view. A sample that cannot be encoded
@@ -133,9 +145,19 @@ class Scorer:
                 f"and heads {bad_heads}"
             )
 
-    def _key(self, view: TokenView, request: SignalRequest) -> str:
+    def cache_key(self, view: TokenView, request: SignalRequest) -> str:
+        """What names ``view``'s signals for ``request`` in the signal cache."""
         return signal_key(self.model.name, self.model.weights_hash, self.input_mode, view.input_ids, view.n_prompt,
                           request, n_header=view.n_header, dtype=self.model.dtype)
+
+    def lookup(self, view: TokenView, request: SignalRequest) -> Signals | None:
+        """``view``'s signals for exactly ``request`` from the cache (``None``: not there, or no cache)."""
+        return None if self.cache is None else self.cache.get(self.cache_key(view, request))
+
+    def store(self, view: TokenView, request: SignalRequest, signals: Signals) -> None:
+        """Keep ``signals`` as ``view``'s for ``request`` in the cache (nothing without one)."""
+        if self.cache is not None:
+            self.cache.put(self.cache_key(view, request), signals)
 
     def cached(self, views: list[TokenView], request: SignalRequest) -> list[bool]:
         """Whether each view's signals for ``request`` are in the cache (its own entry, or the white-box pass's
@@ -143,7 +165,7 @@ class Scorer:
         if self.cache is None:
             return [False] * len(views)
         serving = self._serving(request)
-        return [any(self.cache.has(self._key(v, r)) for r in serving) for v in views]
+        return [any(self.cache.has(self.cache_key(v, r)) for r in serving) for v in views]
 
     def _serving(self, request: SignalRequest) -> list[SignalRequest]:
         """The requests whose cache entries serve ``request``: itself, then the full white-box pass where that
@@ -169,13 +191,13 @@ class Scorer:
                 sig.extra = values
         return out
 
-    def batches(self, lengths: list[int]) -> list[list[int]]:
-        """Consecutive batches of indices into ``lengths`` (token counts, sorted ascending): ``batch_size`` at a
-        time, or with ``batch_size=None`` as many as fit the token budget (answers x longest; by default
-        :data:`BATCH_TOKENS` of the model's device kind)."""
-        if self.batch_size is not None:
-            return [list(range(i, min(i + self.batch_size, len(lengths))))
-                    for i in range(0, len(lengths), self.batch_size)]
+    def batches(self, lengths: list[int], batch_size=...) -> list[list[int]]:
+        """Consecutive batches of indices into ``lengths`` (token counts, sorted ascending): ``batch_size`` (by
+        default the scorer's) at a time, or with ``None`` as many as fit the token budget (answers x longest; by
+        default :data:`BATCH_TOKENS` of the model's device kind)."""
+        size = self.batch_size if batch_size is ... else (None if batch_size is None else max(1, int(batch_size)))
+        if size is not None:
+            return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
         budget = self.batch_tokens or BATCH_TOKENS.get(self.model.device.type, BATCH_TOKENS["cpu"])
         out: list[list[int]] = []
         for i, n in enumerate(lengths):
@@ -186,10 +208,11 @@ class Scorer:
         return out
 
     def signals(self, samples: list[Sample], request: SignalRequest, progress: bool = False,
-                views: list[TokenView] | None = None, bar=None) -> list[Signals]:
+                views: list[TokenView] | None = None, bar=None, batch_size=...) -> list[Signals]:
         """Signals of every sample, from the cache where present, else from batched forward passes. ``bar``: a
         caller's progress bar over several calls, advanced by every sample (cached ones at once) instead of a
-        bar of this call's forward passes (``progress``)."""
+        bar of this call's forward passes (``progress``). ``batch_size``: answers per forward pass, where not
+        the scorer's own (:meth:`batches`)."""
         self._check(request)
         views = views if views is not None else [self.encode(s) for s in samples]
         results: list[Signals | None] = [None] * len(views)
@@ -198,11 +221,11 @@ class Scorer:
         todo = []
         for i, v in enumerate(views):
             if self.cache is not None:
-                keys[i] = self._key(v, request)
+                keys[i] = self.cache_key(v, request)
                 results[i] = self.cache.get(keys[i])
                 for other in fallbacks:
                     if results[i] is None:
-                        results[i] = self.cache.get(self._key(v, other))
+                        results[i] = self.cache.get(self.cache_key(v, other))
             if results[i] is None:
                 todo.append(i)
         todo.sort(key=lambda i: len(views[i].input_ids))
@@ -216,14 +239,14 @@ class Scorer:
             # the remote encodes each sample itself (encode's one view): a window of a long context other than the
             # last is not that view, and is computed here
             away = [i for i in todo if views[i].window[0] == views[i].window[1] - 1]
-            for i, sig in zip(away, self.remote([samples[i] for i in away], request)):
+            for i, sig in zip(away, self.remote(self, [samples[i] for i in away], request)):
                 keep(i, sig)
             todo = [i for i in todo if views[i].window[0] != views[i].window[1] - 1]
         if bar is not None:
             bar.update(len(views) - len(todo))
         with (nullcontext(bar) if bar is not None else
               progress_bar(total=len(todo), disable=not progress or not todo, desc="forward", unit="sample")) as bar:
-            for batch in self.batches([len(views[i].input_ids) for i in todo]):
+            for batch in self.batches([len(views[i].input_ids) for i in todo], batch_size):
                 batch = [todo[j] for j in batch]
                 for i, sig in zip(batch, self._compute([views[i] for i in batch], request)):
                     keep(i, sig)

@@ -280,7 +280,8 @@ def encode_many(samples: list[Sample], tokenizer, input_mode: str = "raw", max_t
     responses = _responses_tokens(tokenizer, [s.response for s in samples])
     precuts = [_precut(s, max_tokens) for s in samples]
     whole = [i for i, cut in enumerate(precuts) if not cut]  # the rest is cut before tokenizing
-    prompts = dict(zip(whole, _prompts_tokens(tokenizer, [samples[i].prompt for i in whole], input_mode)))
+    prompts = dict(zip(whole, _prompts_tokens(tokenizer, [samples[i].prompt for i in whole], input_mode))) \
+        if whole else {}  # (a tokenizer refuses an empty batch)
     out = []
     for i, sample in enumerate(samples):
         try:

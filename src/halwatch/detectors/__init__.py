@@ -93,31 +93,47 @@ def create_detector(name: str, scorer=None, **kwargs) -> Detector:
     return DETECTORS[name](scorer=scorer, **kwargs)
 
 
-def read_artifact(name_or_path: str) -> dict:
-    """The JSON of an artifact file, or of a shipped artifact by name, checked to be a halwatch artifact."""
-    path = Path(name_or_path)
+def read_artifact(source: str | Path | dict) -> dict:
+    """The JSON of an artifact file, of a shipped artifact by name, or an artifact's JSON already read, checked to
+    be a halwatch artifact of a known detector."""
+    if isinstance(source, dict):
+        return _checked(source, "artifact")
+    path = Path(source)
     if not path.is_file():
         shipped = shipped_artifacts()
-        if name_or_path not in shipped:
-            hint = (f"; {name_or_path!r} is a method: fit it first with `halwatch fit --detector {name_or_path}`"
-                    if name_or_path in DETECTORS else "")
-            raise HalwatchError(f"no artifact file {name_or_path!r} and no shipped artifact of that name "
+        if str(source) not in shipped:
+            hint = (f"; {source!r} is a method: fit it first with `halwatch fit --detector {source}`"
+                    if source in DETECTORS else "")
+            raise HalwatchError(f"no artifact file {str(source)!r} and no shipped artifact of that name "
                                 f"(shipped: {', '.join(sorted(shipped)) or 'none'}){hint}")
-        path = shipped[name_or_path]
+        path = shipped[str(source)]
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise HalwatchError(f"{path}: not a readable detector artifact ({exc})") from exc
+    return _checked(data, str(path))
+
+
+def _checked(data, where: str) -> dict:
     if not isinstance(data, dict) or data.get("format") != ARTIFACT_FORMAT:
-        raise HalwatchError(f"{path}: not a halwatch detector artifact (format {ARTIFACT_FORMAT} expected)")
+        raise HalwatchError(f"{where}: not a halwatch detector artifact (format {ARTIFACT_FORMAT} expected)")
     if data.get("detector") not in DETECTORS:
-        raise HalwatchError(f"{path}: artifact of unknown detector {data.get('detector')!r}")
+        raise HalwatchError(f"{where}: artifact of unknown detector {data.get('detector')!r}")
     return data
 
 
-def load_detector(name_or_path: str = DEFAULT_DETECTOR, scorer=None) -> Detector:
-    """A fitted detector from an artifact file, or from a shipped artifact by name."""
-    data = read_artifact(name_or_path)
+def load_detector(source: str | Path | dict = DEFAULT_DETECTOR, scorer=None, **scorer_options) -> Detector:
+    """halwatch's one way to load a fitted detector: from a shipped artifact's name, an artifact file, or an
+    artifact's JSON (:func:`read_artifact`), on ``scorer``; or, given ``scorer_options`` (those of
+    :meth:`halwatch.scorer.Scorer.from_options`: ``model``, ``input_mode``, ``max_tokens``, ``cache``,
+    ``batch_size``, ``device``, ``dtype``, ``windows``, ``remote``), on a new scorer of those options, each falling
+    back to the artifact's scoring model, input mode and token cap. With neither, the scorer is made from the
+    artifact's on first use. A scorer of another input mode or model is refused (:meth:`Detector.from_dict`)."""
+    data = read_artifact(source)
+    if scorer is None and scorer_options:
+        from halwatch.scorer import Scorer
+
+        scorer = Scorer.from_options(identity=data, **scorer_options)
     return DETECTORS[data["detector"]].from_dict(data, scorer=scorer)
 
 

@@ -14,7 +14,7 @@ from halwatch.signals.lookback import window_means
 
 
 def _all_heads(detector):
-    return detector._scorer().model.all_heads()
+    return detector.get_scorer().model.all_heads()
 
 
 def mean_lookback(signals, heads) -> np.ndarray:

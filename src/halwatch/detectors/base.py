@@ -248,7 +248,7 @@ class Detector:
         pass
 
     # ---- the contract ---------------------------------------------------------------------------------------------
-    def _scorer(self):
+    def get_scorer(self):
         """The scorer given at construction, else one made from the artifact's identity (or the defaults; warning,
         as a given one does, where its precision is not the fitted one's)."""
         if self.scorer is None:
@@ -260,7 +260,7 @@ class Detector:
         return self.scorer
 
     def _signals(self, samples, progress=False, views=None):
-        return self._scorer().signals(samples, self.request(), progress=progress, views=views)
+        return self.get_scorer().signals(samples, self.request(), progress=progress, views=views)
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
                     groups=None, scored=None) -> "Detector":
@@ -437,7 +437,7 @@ class Detector:
                 missing = next(s for s in samples if s.label is None)
                 raise InputError("sample has no label; fitting needs a label on every sample", missing.where)
             labels = [s.label for s in samples]
-        scorer = self._scorer()
+        scorer = self.get_scorer()
         views = [scorer.encode(s) for s in samples]
         signals = scorer.signals(samples, self.fit_request(), progress=progress, views=views)
         return self.fit_signals(signals, labels, views, scored=self.scored_views(views, signals, progress))
@@ -448,7 +448,7 @@ class Detector:
         score is calibrated on the one view) or there are no views."""
         if not self.supervised or views is None:
             return None
-        return self._scorer().windowed(views, signals, self.fit_request(), progress)
+        return self.get_scorer().windowed(views, signals, self.fit_request(), progress)
 
     def recalibrate(self, raw, labels, target_fpr: float | None = None, describe: str = "", tasks=None) -> dict:
         """Fit this detector's probabilities and decision threshold anew on a user's own labelled answers (the
@@ -535,7 +535,7 @@ class Detector:
     def _encoded(self, samples: list[Sample], progress: bool = False) -> tuple[list[TokenView], list[Signals]]:
         """``(views, signals)`` of ``samples`` as ``halwatch score`` sees them: each in the windows of its long
         context (:meth:`halwatch.scorer.Scorer.encode_windows`)."""
-        views = [v for found in self._scorer().encode_many(samples) for v in found]
+        views = [v for found in self.get_scorer().encode_many(samples) for v in found]
         return views, self._signals([v.sample for v in views], progress, views)
 
     def answers(self, samples: list[Sample], progress: bool = False
@@ -632,7 +632,8 @@ class Detector:
         return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
                  "threshold": round(float(self.threshold), 4),
                  "spans": self.token_spans(view, t, float(p), min_span_confidence),
-                 "detector": self.name, "scoring_model": self.identity.get("scoring_model", self._scorer().model.name),
+                 "detector": self.name,
+                 "scoring_model": self.identity.get("scoring_model", self.get_scorer().model.name),
                  "input_mode": view.input_mode, "truncated": view.cut_tokens, "windows": view.window[1],
                  **({"ood": far} if far is not None else {})}
                 for view, t, p, far in zip(views, tokens, probs, ood)]

@@ -89,7 +89,7 @@ class LinearProbe(Detector):
         self.model: dict = {}
 
     def _layer(self) -> int:
-        return self._scorer().model.n_layers // 2
+        return self.get_scorer().model.n_layers // 2
 
     def request(self):
         return SignalRequest(hidden_layers=(self._layer(),), hidden_pool="mean_last")

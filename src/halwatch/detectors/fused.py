@@ -47,6 +47,7 @@ from halwatch.detectors import linear, sequence
 from halwatch.detectors.base import Detector, cross_fit
 from halwatch.detectors.linear import folds_of
 from halwatch.models.forward import SignalRequest, whitebox_request
+from halwatch.timing import timed
 
 TOKEN_KINDS = ("bigru", "linear")
 FAMILIES = ("lookback", "toha", "diag", "hidden", "uncertainty", "support")
@@ -103,12 +104,13 @@ class Fused(Detector):
 
     # ---- features -----------------------------------------------------------------------------------------------
     def _layout(self):
-        model = self._scorer().model
+        model = self.get_scorer().model
         return model.all_heads(), model.n_layers // 2, model.n_layers
 
     def request(self) -> SignalRequest:
-        return signal_request(self._scorer().model, self.settings.get("copy", False))
+        return signal_request(self.get_scorer().model, self.settings.get("copy", False))
 
+    @timed("answer features")
     def answer_features(self, signals) -> dict[str, np.ndarray]:
         heads, mid, last = self._layout()
         out = {name: [] for name in FAMILIES}
@@ -125,6 +127,7 @@ class Fused(Detector):
             out["support"].append(_support(s).support_answer)
         return {k: np.stack(v).astype(np.float64) for k, v in out.items()}
 
+    @timed("token features")
     def token_features(self, sig) -> np.ndarray:
         """``[R, F]``: per response token, every head's lookback ratio, MTop-Div edge weight and log
         self-attention, the middle layer's hidden state, surprisal, entropy, the relative position and the lexical
@@ -156,9 +159,10 @@ class Fused(Detector):
         return linear.fit(np.concatenate(x)[keep], labels[keep], C=C, grid=TOKEN_C_GRID, groups=owner[keep],
                           folds=3, weights=weights)
 
+    @timed("token model")
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
         if model.get("kind") == "bigru":
-            return [_sigmoid(z) for z in sequence.logodds(model, x, self._scorer().model.device)]
+            return [_sigmoid(z) for z in sequence.logodds(model, x, self.get_scorer().model.device)]
         return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
 
     def _pooled(self, probs: list[np.ndarray]) -> np.ndarray:

@@ -341,10 +341,9 @@ class PolygraphRequest:
     def _one(self, scorer, view) -> dict[str, np.ndarray]:
         values: dict[str, np.ndarray] = {}
         for group in self.groups:
-            key, hit = None, None
-            if scorer.cache is not None and len(self.groups) > 1:  # the scorer caches a one-group request itself
-                key = scorer._key(view, SignalRequest(extra=replace(self, groups=(group,))))
-                hit = scorer.cache.get(key)
+            alone = SignalRequest(extra=replace(self, groups=(group,)))
+            own = len(self.groups) > 1  # the scorer caches a one-group request itself
+            hit = scorer.lookup(view, alone) if own else None
             if hit is not None and hit.extra:
                 values.update(hit.extra)
                 continue
@@ -353,8 +352,8 @@ class PolygraphRequest:
             else:
                 found = _eliciting_group(scorer.model, view, values)
             values.update(found)
-            if key is not None:
-                scorer.cache.put(key, Signals(n_prompt=view.n_prompt, n_response=view.n_response, extra=found))
+            if own:
+                scorer.store(view, alone, Signals(n_prompt=view.n_prompt, n_response=view.n_response, extra=found))
         return values
 
 

@@ -63,7 +63,7 @@ class Routed(Detector):
         self._require_fitted()
         part = self.parts[self.route(task)]
         if part.scorer is None:
-            part.scorer = self._scorer()  # one scorer (one model in memory) for every part
+            part.scorer = self.get_scorer()  # one scorer (one model in memory) for every part
         return part
 
     def _routes(self, tasks) -> dict[str, np.ndarray]:
@@ -73,7 +73,7 @@ class Routed(Detector):
 
     # ---- fitting ------------------------------------------------------------------------------------------------
     def request(self):
-        return signal_request(self._scorer().model, self.settings.get("copy", False))
+        return signal_request(self.get_scorer().model, self.settings.get("copy", False))
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
                     groups=None, scored=None) -> "Routed":

@@ -115,7 +115,7 @@ class _Judged(_SamplingDetector):
     def _ask(self, prompts: list[str]) -> np.ndarray:
         from halwatch.models.loader import load_model
 
-        judge, scorer = self.settings["judge"], self._scorer()
+        judge, scorer = self.settings["judge"], self.get_scorer()
         if judge and self._judge is None:  # on the scoring model's device, in its precision
             self._judge = load_model(judge, device=str(scorer.model.device), dtype=scorer.model.dtype)
         model = self._judge if judge else scorer.model

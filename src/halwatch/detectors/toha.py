@@ -43,7 +43,7 @@ class TOHA(Detector):
         self.scale: dict | None = None  # selection="signed": per chosen head, the probe mean, std and sign
 
     def _all_heads(self):
-        return self._scorer().model.all_heads()
+        return self.get_scorer().model.all_heads()
 
     def request(self) -> SignalRequest:
         return self._request(self.heads if self.heads is not None else self._all_heads())
@@ -144,7 +144,7 @@ class TOHACopyHeads(TOHA):
         super().__init__(scorer=scorer, calibration=calibration, n_copy=n_copy, **settings)
 
     def choose_heads(self, signals, labels) -> None:
-        model = self._scorer().model
+        model = self.get_scorer().model
         key = (model.name, model.weights_hash, model.dtype)
         if key not in _COPY_SCORES:  # depends on the model (and its precision) only: computed once per process
             _COPY_SCORES[key] = copy_head_scores(model)

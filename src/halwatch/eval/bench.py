@@ -49,12 +49,7 @@ def run_bench(scorer, detectors: list[str], protocols: list[str], datasets: list
         bench.run(protocol, datasets, seeds=seed_list, probe_size=probe_size, eval_split=eval_split, never=never,
                   hold_out=hold_out, artifacts=artifacts)
     if map_from_model:
-        from halwatch.scorer import Scorer
-
-        source = Scorer(model=map_from_model, input_mode=scorer.input_mode, max_tokens=scorer.max_tokens,
-                        cache=scorer.cache is not None and scorer.cache.root, batch_size=scorer.batch_size,
-                        device=scorer.device, dtype=scorer.dtype)
-        bench.run_mapped(source, datasets, seeds=seed_list, probe_size=probe_size)
+        bench.run_mapped(scorer.on_model(map_from_model), datasets, seeds=seed_list, probe_size=probe_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if sweeps:

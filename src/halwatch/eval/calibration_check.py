@@ -75,13 +75,10 @@ def _scored(detector: str, datasets, split: str, scorer_options: dict | None):
     them (one per dataset: a detector with one part per task checks that task's part) and their raw scores as
     ``halwatch calibrate`` and ``score`` see them."""
     from halwatch.data.splits import split_of
-    from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors import load_detector
     from halwatch.sample import task_of
-    from halwatch.scorer import Scorer
 
-    artifact = read_artifact(detector)
-    scorer = Scorer.from_options(identity=artifact, **(scorer_options or {}))
-    base = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+    base = load_detector(detector, **(scorer_options or {"cache": True}))
     for name in datasets:
         samples = [s for s in load_dataset(name)[0] if split_of(s) == split]
         parts = {base.for_task(t) for t in {task_of(s) for s in samples}}  # (detectors hash by identity)

@@ -80,7 +80,7 @@ def invariance(detector, samples: list[Sample], progress: bool = True, seed: int
     from halwatch.eval.metrics import evaluate
 
     detector = detector.for_task("qa")
-    scorer = detector._scorer()
+    scorer = detector.get_scorer()
     tokenizer = scorer.model.tokenizer
     hows = [how for how in RENDERINGS if how != "chat" or getattr(tokenizer, "chat_template", None)]
     labels = np.array([s.label for s in samples])
@@ -121,16 +121,13 @@ def run_invariance(detector: str = "default", dataset: str = "ragtruth:all", spl
     from pathlib import Path
 
     from halwatch.data.splits import split_of
-    from halwatch.detectors import DETECTORS, read_artifact
+    from halwatch.detectors import load_detector
     from halwatch.errors import InputError
     from halwatch.eval.protocols import _subset, load_dataset
-    from halwatch.scorer import Scorer
 
     if not dataset.startswith("ragtruth:"):
         raise InputError("the invariance benchmark renders RAGTruth answers: give --datasets ragtruth:GENERATOR")
-    artifact = read_artifact(detector)
-    scorer = Scorer.from_options(identity=artifact, **(scorer_options or {}))
-    det = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorer)
+    det = load_detector(detector, **(scorer_options or {"cache": True}))
     samples = [s for s in load_dataset(dataset)[0] if split_of(s) == split]
     labels = np.array([s.label for s in samples])
     picked = [samples[i] for i in _subset(np.arange(len(samples)), labels, n, seed)]

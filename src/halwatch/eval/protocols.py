@@ -467,7 +467,7 @@ class Bench:
         never saw may be scored on any split: the shipped default on the dev part of BUMP, where choices for it are
         made) or does not say on which split."""
         from halwatch.data.splits import fit_data_of
-        from halwatch.detectors import DETECTORS, read_artifact
+        from halwatch.detectors import load_detector, read_artifact
 
         artifact = read_artifact(ref)
         fitted_on = artifact.get("fitted_on", {})
@@ -487,7 +487,7 @@ class Bench:
                 raise InputError(f"artifact {ref!r} was fitted on the {'+'.join(split)} split of {', '.join(own)}"
                                  f": scoring it on the {eval_split} split would read its own training answers")
             trained_on |= names
-        return DETECTORS[artifact["detector"]].from_dict(artifact, scorer=self.scorer), trained_on, described
+        return load_detector(artifact, scorer=self.scorer), trained_on, described
 
     def run_mapped(self, source_scorer, datasets, seeds=(0, 1, 2, 3, 4), probe_size=None):
         """Cross-model transfer of Lookback Lens (section 4) under the official split: per seed, the detector is

@@ -100,12 +100,13 @@ def ripser_comparison(rows, n_prompt: int, out=print) -> dict:
     return {"ours_s": t_ours, "ripser_s": t_ripser, "max_diff": diff}
 
 
-def _default_detector(scoring_model):
-    """The shipped default detector on this scoring model (no disk cache)."""
+def default_pipeline(scoring_model):
+    """The shipped default detector's scoring path on this scoring model (no disk cache)."""
     from halwatch.detectors import load_detector
+    from halwatch.pipeline import Pipeline
     from halwatch.scorer import Scorer
 
-    return load_detector("default", scorer=Scorer(model=scoring_model, cache=None))
+    return Pipeline(load_detector("default", scorer=Scorer(model=scoring_model, cache=None)))
 
 
 def speed_samples(lengths):
@@ -122,15 +123,13 @@ def speed_samples(lengths):
                       context_span=(start, start + len(passages))) for n in lengths}
 
 
-def throughput(detector, samples, batch_size: int | None) -> float:
-    """Answers per second of the detector's whole scoring path as ``halwatch score --input`` runs it (encoding,
-    signals in batches of ``batch_size`` answers, or of the scorer's token budget with ``None``, score and spans)."""
-    scorer = detector._scorer()
-    scorer.batch_size = batch_size
+def throughput(pipeline, samples, batch_size: int | None) -> float:
+    """Answers per second of the whole scoring path (:class:`halwatch.pipeline.Pipeline`, as ``halwatch score``
+    runs it: encoding, signals in batches of ``batch_size`` answers, or of the scorer's token budget with ``None``,
+    scores and spans)."""
     _sync()
     t0 = time.perf_counter()
-    views = [v for found in scorer.encode_many(samples) for v in found]
-    detector.verdicts(views, scorer.signals([v.sample for v in views], detector.request(), views=views))
+    pipeline.score(pipeline.encode(samples), batch_size=batch_size)
     _sync()
     return len(samples) / (time.perf_counter() - t0)
 
@@ -150,14 +149,14 @@ def plain_forward(scoring_model, views, batches) -> None:
                      use_cache=False)
 
 
-def answers_per_second(detector, n: int = 32, seed: int = 0) -> dict:
+def answers_per_second(pipeline, n: int = 32, seed: int = 0) -> dict:
     """:func:`throughput` on ``n`` real RAGTruth test answers (a seeded sample), one at a time and in batches of
     similar length (the scorer's token budget), each after a warm-up on two of them."""
     samples = seeded_sample(n, seed)
     out = {}
     for label, size in (("one_at_a_time", 1), ("batched", None)):
-        throughput(detector, samples[:2], size)  # warm-up
-        out[label] = throughput(detector, samples, size)
+        throughput(pipeline, samples[:2], size)  # warm-up
+        out[label] = throughput(pipeline, samples, size)
     return out
 
 
@@ -189,24 +188,22 @@ class ForwardClock:
             handle.remove()
 
 
-def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=print, samples=None) -> list[dict]:
+def forward_split(pipeline, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=print, samples=None) -> list[dict]:
     """Per answer, for batches of ``batches`` answers of ``n`` real RAGTruth test answers (a seeded sample, sorted
     by length so that a batch pads little, as ``halwatch score`` batches): the whole scoring path (tokenizing,
     signals, score and spans), the time inside the model's forward (with the attention capture and what runs in
     it), the time outside it (everything else), and a plain forward of the same padded batches (the model's own
     SDPA forward, one logit per answer: the floor). Issue 35's CPU target: outside <= 5 % of inside at batch 32.
     ``samples``: other answers to time instead (``n`` is then their number)."""
-    scorer = detector._scorer()
-    sm = scorer.model
-    samples, views = _by_length(scorer, seeded_sample(n, seed) if samples is None else samples)
+    sm = pipeline.scorer.model
+    samples, views = _by_length(pipeline.scorer, seeded_sample(n, seed) if samples is None else samples)
     n = len(samples)
     rows = []
     for size in batches:
-        scorer.batch_size = size
-        throughput(detector, samples[:2], size)  # warm-up
+        throughput(pipeline, samples[:2], size)  # warm-up
         clock = ForwardClock(sm.model)
         try:
-            total = n / throughput(detector, samples, size)
+            total = n / throughput(pipeline, samples, size)
         finally:
             clock.close()
         batched = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
@@ -216,7 +213,7 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
         row["outside_share"] = row["outside_s"] / row["inside_s"]
         row["over_plain"] = row["total_s"] / row["plain_forward_s"]
         rows.append(row)
-    out(f"\n{detector.name} on {n} answers, seconds per answer ({sm.device}, {sm.dtype}):")
+    out(f"\n{pipeline.detector.name} on {n} answers, seconds per answer ({sm.device}, {sm.dtype}):")
     out("| batch | whole path | inside the forward | outside it | outside / inside | plain forward | whole / plain |")
     out("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -225,7 +222,7 @@ def forward_split(detector, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
     return rows
 
 
-def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0, out=print, samples=None,
+def batched_rate(pipeline, n: int | None = None, repeats: int = 3, seed: int = 0, out=print, samples=None,
                  processes: int = 1) -> dict:
     """Answers per second of the detector's whole scoring path over ``n`` RAGTruth test answers (a seeded sample;
     all of them with ``None``) in the scorer's own batches (``--batch-size auto``: sorted by length, as many as fit
@@ -237,23 +234,22 @@ def batched_rate(detector, n: int | None = None, repeats: int = 3, seed: int = 0
     scoring all the answers ``repeats`` times at once after all have warmed up (as ``--ray-actors N --ray-gpus
     1/N`` deploys them): the answers of all of them over the time from the first start to the last end. The host's
     work per answer is Python, one core per process; with several processes the device's queue stays full."""
-    scorer = detector._scorer()
+    scorer = pipeline.scorer
     sm = scorer.model
     given = samples
     samples, views = _by_length(scorer, seeded_sample(n, seed) if given is None else given)
-    scorer.batch_size = None
     if processes > 1:
         whole = _rate_of_processes(sm, processes, samples, repeats)
     else:
-        throughput(detector, samples[:8], None)  # warm-up
-        whole = sorted(throughput(detector, samples, None) for _ in range(repeats))[repeats // 2]
-    batches = scorer.batches([len(v.input_ids) for v in views])
+        throughput(pipeline, samples[:8], None)  # warm-up
+        whole = sorted(throughput(pipeline, samples, None) for _ in range(repeats))[repeats // 2]
+    batches = scorer.batches([len(v.input_ids) for v in views], None)
     forward_rate = len(samples) / _timed(lambda: plain_forward(sm, views, batches), repeats)
     row = {"answers": len(samples), "batches": len(batches), "processes": processes, "answers_per_s": whole,
            "plain_forward_answers_per_s": forward_rate, "ratio": whole / forward_rate}
     who = f"{processes} processes together" if processes > 1 else "one process"
     what = "RAGTruth test answers" if given is None else "given answers"
-    out(f"\n{detector.name} on {len(samples)} {what} in {len(batches)} batches (--batch-size auto; "
+    out(f"\n{pipeline.detector.name} on {len(samples)} {what} in {len(batches)} batches (--batch-size auto; "
         f"{sm.device}, {sm.dtype}), {who}: {whole:.1f} answers/s; a plain forward of the same batches: "
         f"{forward_rate:.1f} answers/s; whole path / plain forward: {row['ratio']:.2f}")
     return row
@@ -322,76 +318,51 @@ def _score_in_process(model: str, device: str, dtype: str, samples: list, repeat
     try:
         sm = load_model(model, device=device, dtype=dtype)
         share_device(sm, share)
-        detector = _default_detector(sm)
-        scorer = detector._scorer()
-        scorer.batch_size = None
-        samples, _ = _by_length(scorer, samples)
-        throughput(detector, samples[:8], None)  # warm-up
+        pipeline = default_pipeline(sm)
+        samples, _ = _by_length(pipeline.scorer, samples)
+        throughput(pipeline, samples[:8], None)  # warm-up
         messages.put(None)
         go.wait()
         start = time.time()
         for _ in range(repeats):
-            throughput(detector, samples, None)
+            throughput(pipeline, samples, None)
         messages.put((start, time.time(), repeats * len(samples)))
     except Exception as exc:
         messages.put(f"{type(exc).__name__}: {first_line(exc)}")
 
 
-#: What :func:`phases` times: ``(label, module or class, attribute)``; an indented label runs inside the one above.
+#: What :func:`phases` reports: ``(label, the step's mark)`` (:func:`halwatch.timing.timed`); an indented label runs
+#: inside the one above.
 PHASES = (
-    ("tokenizing", "halwatch.scorer:Scorer", "encode_many"),
-    ("forward pass with the capture", "halwatch.models.forward", "run"),
-    ("  the capture's last step: Prim's algorithm left, results per answer", "halwatch.models.forward:_Capture",
-     "assemble"),
-    ("  token statistics, hidden states", "halwatch.models.forward", "_batch_outputs"),
-    ("  copies off the device", "halwatch.models.forward", "to_host"),
-    ("  lexical support (while the device finishes the batch)", "halwatch.models.forward", "support_of"),
-    ("detector: scores and spans", "halwatch.detectors.base:Detector", "verdicts"),
-    ("  token features", "halwatch.detectors.fused:Fused", "token_features"),
-    ("  token model", "halwatch.detectors.fused:Fused", "_token_probs"),
-    ("  answer features", "halwatch.detectors.fused:Fused", "answer_features"),
+    ("tokenizing", "tokenizing"),
+    ("forward pass with the capture", "forward pass"),
+    ("  the capture's last step: Prim's algorithm left, results per answer", "capture: assemble"),
+    ("  token statistics, hidden states", "token statistics, hidden states"),
+    ("  copies off the device", "copies off the device"),
+    ("  lexical support (while the device finishes the batch)", "lexical support"),
+    ("detector: scores and spans", "detector: scores and spans"),
+    ("  token features", "token features"),
+    ("  token model", "token model"),
+    ("  answer features", "answer features"),
 )
 
 
-def phases(detector, n: int | None = None, batch_size: int | None = None, seed: int = 0, out=print,
+def phases(pipeline, n: int | None = None, batch_size: int | None = None, seed: int = 0, out=print,
            samples=None) -> dict:
-    """Where the whole scoring path's time goes: each of :data:`PHASES` timed (the device synchronised before and
-    after each call) over one pass of ``n`` RAGTruth test answers (a seeded sample; all with ``None``) in batches of
-    ``batch_size`` (``None``: the scorer's token budget), after a warm-up on eight of them; milliseconds per
-    answer. The timers wait for the device, so the pass runs slower than without them: read the shares, not the
-    rate."""
-    import importlib
+    """Where the whole scoring path's time goes: each of :data:`PHASES` timed (:class:`halwatch.timing.Timer`, the
+    device synchronised before and after each step) over one pass of ``n`` RAGTruth test answers (a seeded sample;
+    all with ``None``) in batches of ``batch_size`` (``None``: the scorer's token budget), after a warm-up on eight
+    of them; milliseconds per answer. The timers wait for the device, so the pass runs slower than without them:
+    read the shares, not the rate."""
+    from halwatch.timing import Timer
 
     samples = list(seeded_sample(n, seed) if samples is None else samples)
-    scorer = detector._scorer()
-    throughput(detector, samples[:8], batch_size)  # warm-up
-    spent = {label: 0.0 for label, _, _ in PHASES}
-    patched = []
-
-    def timed(label, fn):
-        def wrapper(*args, **kwargs):
-            _sync()
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _sync()
-                spent[label] += time.perf_counter() - t0
-        return wrapper
-
-    try:
-        for label, where, name in PHASES:
-            module, _, cls = where.partition(":")
-            owner = importlib.import_module(module)
-            owner = getattr(owner, cls) if cls else owner
-            patched.append((owner, name, owner.__dict__[name]))
-            setattr(owner, name, timed(label, getattr(owner, name)))
-        rate = throughput(detector, samples, batch_size)
-    finally:
-        for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
-    sm = scorer.model
-    out(f"\n{detector.name} on {len(samples)} RAGTruth test answers, batches of "
+    throughput(pipeline, samples[:8], batch_size)  # warm-up
+    with Timer(_sync) as timer:
+        rate = throughput(pipeline, samples, batch_size)
+    spent = {label: timer.spent.get(mark, 0.0) for label, mark in PHASES}
+    sm = pipeline.scorer.model
+    out(f"\n{pipeline.detector.name} on {len(samples)} RAGTruth test answers, batches of "
         f"{batch_size or 'the token budget'} ({sm.device}, {sm.dtype}): {rate:.1f} answers/s with the timers on, "
         f"{1e3 / rate:.2f} ms per answer")
     out("| phase | ms per answer |")
@@ -430,7 +401,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     if "lengths" not in parts:
         out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads)")
         results = {"model": model, "device": where}
-        default = _default_detector(shared)
+        default = default_pipeline(shared)
         if "split" in parts:
             results["split"] = forward_split(default, answers, batches, out=out)
         if "batched" in parts:
@@ -458,7 +429,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         results["lengths"][n] = row
     heads = toha_heads(shared.name)
     toha_request = SignalRequest(heads=tuple(heads), reducers=("mtopdiv",))
-    default = _default_detector(shared)
+    default = default_pipeline(shared)
     for n in lengths:
         row = results["lengths"][n]
         view = row["view"]
@@ -469,8 +440,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
                 shared.model(input_ids=torch.tensor([view.input_ids], device=shared.device), use_cache=False)
 
         row["hf_s"] = _timed(hf_forward, repeats)
-        row["default_s"] = _timed(lambda: default.verdicts([view], forward.run(shared, [view], default.request())),
-                                  repeats)
+        row["default_s"] = _timed(lambda: default.score([[view]]), repeats)
     peak_ours = _peak_rss_mb()
     toha_col = f"TOHA {len(heads)} heads"
     out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'HF fwd':>8} {'+stats':>8} {'+capture all heads':>19} "
@@ -515,7 +485,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     out("plain: SDPA forward, one logit; HF fwd: model(input_ids) as transformers runs it (SDPA, the logits of every "
         "position); +stats: response log-probs and entropies; +capture all heads: also the response-token "
         "attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA artifact's heads; "
-        f"default: scoring with the shipped default ({default.name}): its signals, score and spans; eager: "
+        f"default: scoring with the shipped default ({default.detector.name}): its signals, score and spans; eager: "
         "transformers' output_attentions=True (all maps)")
     return results
 

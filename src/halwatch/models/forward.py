@@ -26,6 +26,7 @@ from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
 from halwatch.signals import rows_kernel, stats_kernel, support
 from halwatch.signals.reducers import REDUCERS, Rows, on_device
+from halwatch.timing import timed
 from halwatch.tokens import TokenView, tail_start
 
 ATTN_IMPLEMENTATION = "halwatch"
@@ -401,6 +402,7 @@ class _Capture:
             for name in self.request.reducers:
                 self._finish(group, name)
 
+    @timed("capture: assemble")
     def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray]]]:
         """Each sample's ``(attention rows, reducer fields)``: the fields of every layer joined along the heads,
         copied off the device once per group of samples, then cut to each sample's response."""
@@ -592,6 +594,7 @@ def padded(views: list[TokenView], pad: int, offset: int = 0):
     return ids, mask
 
 
+@timed("forward pass")
 def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None) -> list[Signals]:
     """Run one batch (right-padded) and return the requested signals of each sample.
 
@@ -692,6 +695,7 @@ def _staging(nbytes: int, store=_STAGING):
     return buffer
 
 
+@timed("copies off the device")
 def to_host(tensors: dict) -> dict:
     """``{name: numpy array}`` of ``{name: tensor}``: from a GPU through this thread's page-locked buffer, all
     copies queued before one wait (a copy into ordinary memory runs at a fraction of the bus's speed and waits each
@@ -783,6 +787,7 @@ def _token_stats(logits, views: list[TokenView], first_logit: int, sample, posit
     return torch.cat(logprobs), torch.cat(entropy)
 
 
+@timed("token statistics, hidden states")
 def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: int, first_logit: int) -> dict:
     """The token statistics and hidden states of every sample of the batch, computed for all of its response tokens
     at once and copied off the device once: ``{field: [value of sample b]}`` for the fields of :class:`Signals`
@@ -829,6 +834,7 @@ def _batch_outputs(out, views: list[TokenView], request: SignalRequest, offset: 
 
 
 
+@timed("lexical support")
 def support_of(view: TokenView):
     """``(per-token flags, answer features)``: the lexical support of ``view``'s response by its context
     (:mod:`halwatch.signals.support`), from the whole context, even where the token cap cut it from the model's

@@ -66,7 +66,7 @@ def _p95(seconds: list[float]) -> float | None:
     return ordered[max(0, int(0.95 * len(ordered)) - 1)] if ordered else None
 
 
-def _in_process(detector, items: list[dict], batch_size: int) -> float:
+def _in_process(pipeline, items: list[dict], batch_size: int) -> float:
     """Answers per second of one process scoring the answers as ``halwatch score --input`` does, on a thread that
     ends with the measure: torch's parallel work (OpenMP) on a thread that stays alive, this main one, would slow the
     servers' model threads measured next in this process by about 20 % on a CPU."""
@@ -77,7 +77,7 @@ def _in_process(detector, items: list[dict], batch_size: int) -> float:
 
     samples = [Sample(response=it["response"], prompt=it["prompt"], id=it["id"]) for it in items]
     with ThreadPoolExecutor(max_workers=1) as once:
-        return once.submit(throughput, detector, samples, batch_size).result()
+        return once.submit(throughput, pipeline, samples, batch_size).result()
 
 
 def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), batch_sizes=(1, 4, 8),
@@ -86,16 +86,15 @@ def run_serve_bench(detector: str = "default", n: int = 100, levels=(1, 8, 50), 
                     overload_seconds: float = 30.0) -> dict:
     import logging
 
-    from halwatch.detectors import load_detector, read_artifact
-    from halwatch.scorer import Scorer
+    from halwatch.detectors import load_detector
+    from halwatch.pipeline import Pipeline
     from halwatch.serve.common import Running
     from halwatch.serve.scoring import Limits, build_app
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-context warnings are expected here
     items = _answers(n, seed)
-    det = load_detector(detector, scorer=Scorer.from_options(identity=read_artifact(detector), cache=None,
-                                                             device=device, dtype=dtype))
-    model = det._scorer().model
+    det = Pipeline(load_detector(detector, cache=None, device=device, dtype=dtype))
+    model = det.scorer.model
     _in_process(det, items[:4], 1)  # warm up
     result = {"detector": detector, "n": n, "in_process": {}, "batched": [], "one_at_a_time": []}
     if "throughput" not in parts:

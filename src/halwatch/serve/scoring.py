@@ -35,6 +35,8 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from halwatch.errors import HalwatchError, InputError
+from halwatch.pipeline import Job, Pipeline, score_jobs
+from halwatch.result import Result
 from halwatch.serve.common import (
     STREAM_POLICIES,
     ApiError,
@@ -46,9 +48,6 @@ from halwatch.serve.common import (
     watch_disconnect,
 )
 from halwatch.tokens import MAX_WINDOWS
-
-OFFSET_UNIT = "unicode_code_point"
-
 
 #: A string with at least one character that is not white space.
 Text = Annotated[str, Field(pattern=r"\S")]
@@ -111,40 +110,6 @@ EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta 
 WARM_UP_SENTENCES = 8
 
 
-class Span(BaseModel):
-    start: int
-    end: int
-    text: str
-    confidence: float
-
-
-class Distance(BaseModel):
-    """How far an answer's inputs lie from the detector's training answers."""
-
-    distance: float
-    percentile: float
-    extrapolated: bool
-
-
-class ScoreResult(BaseModel):
-    id: str
-    score: float
-    hallucinated: bool
-    threshold: float
-    spans: list[Span]
-    offset_unit: str
-    detector: str
-    scoring_model: str
-    input_mode: str
-    truncated: int
-    windows: int = Field(1, description="windows of a context longer than the token cap that the answer was scored "
-                                        "against: the most supportive one gives the verdict, and each word's score "
-                                        "is its lowest over them")
-    ood: Distance | None = None
-    task: str | None = Field(None, description="the task whose part of a routed detector judged the answer (its "
-                                               "threshold is that part's)")
-
-
 def parse_items(body) -> list[ScoreItem]:
     """The items of a /v1/score body (an object or a list of objects), or a 422 naming the item and field."""
     from pydantic import ValidationError
@@ -188,14 +153,12 @@ def view_cost(view) -> int:
 
 
 @dataclass
-class _Job:
-    """One answer waiting for the batcher."""
+class _Job(Job):
+    """One answer waiting for the batcher: its :class:`~halwatch.pipeline.Job`, its request's future, and its
+    times."""
 
-    detector: object
-    views: list  # one token view, or the windows of a long context
-    future: asyncio.Future
+    future: asyncio.Future | None = None
     queued_at: float = 0.0
-    min_span_confidence: float | None = None
     waited: float = 0.0
     computed: float = 0.0
 
@@ -252,7 +215,8 @@ class Limits:
 
 
 class ScoringService:
-    """Loaded detectors (by name) and the batching worker that scores their answers."""
+    """Loaded detectors (by name), each on its scorer (:class:`~halwatch.pipeline.Pipeline`), and the batching
+    worker that scores their answers."""
 
     def __init__(self, detectors: list[str], limits: Limits | None = None, watch: dict | None = None,
                  models: dict | None = None, device: str = "auto", dtype: str = "auto"):
@@ -260,7 +224,7 @@ class ScoringService:
         self.device, self.dtype = device, dtype
         self.models = models or {}  # already loaded scoring models, by name
         self.limits = limits or Limits()
-        self.detectors: dict[str, object] = {}
+        self.pipelines: dict[str, Pipeline] = {}
         self.worker = Worker(self.limits.queue_tokens, self.limits.timeout)
         self.tokenizing = None  # one thread that tokenizes requests off the event loop (set by ``load``)
         self.queue: asyncio.Queue | None = None
@@ -277,7 +241,7 @@ class ScoringService:
     def load(self) -> None:
         """Load every detector, sharing one scorer (and model) among detectors of the same scoring model, input
         mode and token cap; scorers cache nothing on disk."""
-        from halwatch.detectors import DETECTORS, read_artifact
+        from halwatch.detectors import load_detector, read_artifact
         from halwatch.scorer import Scorer
 
         scorers = {}
@@ -287,10 +251,11 @@ class ScoringService:
             if key not in scorers:
                 scorers[key] = Scorer.from_options(model=self.models.get(key[0]), identity=artifact, cache=None,
                                                    device=self.device, dtype=self.dtype, windows=self.limits.windows)
-            self.detectors[name] = DETECTORS[artifact["detector"]].from_dict(artifact, scorer=scorers[key])
+            detector = load_detector(artifact, scorer=scorers[key])
             if self.limits.min_span_confidence is not None:
-                self.detectors[name].min_span_confidence = self.limits.min_span_confidence
-            self.detectors[name]._scorer().model  # load the model now, not on the first request
+                detector.min_span_confidence = self.limits.min_span_confidence
+            self.pipelines[name] = Pipeline(detector)
+            scorers[key].model  # noqa: B018 - load the model now, not on the first request
         if self.limits.batch_size is None:
             device = next(iter(scorers.values())).model.device.type
             self.batch_size = BATCH_SIZE.get(device, 8)
@@ -303,12 +268,11 @@ class ScoringService:
         measure it and a longer answer (:data:`WARM_UP_SENTENCES` times its response), so that admission control
         starts from the slower of two measured seconds-per-token. Measured on one short answer alone, a flood of
         100-token answers ran 27-46 % slower per token than estimated, past the margin :class:`Worker` leaves."""
-        for detector in self.detectors.values():
+        for pipeline in self.pipelines.values():
             jobs = []
             for sentences in (1, WARM_UP_SENTENCES):
                 item = {**EXAMPLE, "response": " ".join([EXAMPLE["response"]] * sentences)}
-                view = detector._scorer().encode(ScoreItem.model_validate(item).sample(0))
-                jobs.append(_Job(detector, [view], None))
+                jobs.append(_Job(pipeline, pipeline.encode([ScoreItem.model_validate(item).sample(0)])[0]))
             self.compute(jobs[:1])  # cold: first launches, the capture's check; not what a request will cost
             for job in jobs:
                 t0 = time.perf_counter()
@@ -317,30 +281,31 @@ class ScoringService:
 
     def describe(self) -> list[dict]:
         out = []
-        for name, det in self.detectors.items():
+        for name, pipeline in self.pipelines.items():
+            det = pipeline.detector
             per_task = ({"thresholds": det.thresholds, "priors": {t: p.assumed_prior() for t, p in det.parts.items()}}
                         if det.name == "routed" else {"prior": det.assumed_prior()})
             out.append({"name": name, "method": det.name, "citation": det.citation, "default": name == self.default,
                         "threshold": det.threshold, **per_task, **det.identity,
-                        "scored_in": det._scorer().identity()["dtype"], "fitted_on": det.fitted_on,
+                        "scored_in": pipeline.scorer.identity()["dtype"], "fitted_on": det.fitted_on,
                         "settings": det.settings})
         return out
 
-    def prepare(self, items: list[ScoreItem]) -> list[tuple[object, object]]:
-        """``(detector, token views)`` of every item (one view, or the windows of a long context), or the refusal of
+    def prepare(self, items: list[ScoreItem]) -> list[tuple[Pipeline, list]]:
+        """``(pipeline, token views)`` of every item (one view, or the windows of a long context), or the refusal of
         the whole request naming the item."""
         prepared = []
         for i, item in enumerate(items):
             name = item.detector or self.default
-            if name not in self.detectors:
+            if name not in self.pipelines:
                 raise ApiError(422, f"item {i}: detector {name!r} is not loaded here (loaded: "
-                                    f"{', '.join(self.detectors)})", "unknown_detector", f"[{i}].detector")
-            detector = self.detectors[name]
+                                    f"{', '.join(self.pipelines)})", "unknown_detector", f"[{i}].detector")
+            pipeline = self.pipelines[name]
             try:
-                views = detector._scorer().encode_windows(item.sample(i))
+                views = pipeline.encode([item.sample(i)])[0]
             except InputError as exc:
                 raise ApiError(422, f"item {i}: {exc.problem}", "invalid_item", f"[{i}]") from None
-            prepared.append((detector, views))
+            prepared.append((pipeline, views))
         return prepared
 
     async def score_body(self, body, http_request=None) -> list[dict]:
@@ -357,8 +322,8 @@ class ScoringService:
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
         now = loop.time()
-        jobs = [_Job(det, views, loop.create_future(), now, item.min_span_confidence)
-                for (det, views), item in zip(prepared, items)]
+        jobs = [_Job(pipeline, views, item.min_span_confidence, loop.create_future(), now)
+                for (pipeline, views), item in zip(prepared, items)]
         cost = sum(job.cost for job in jobs)
         facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
         facts.update(items=len(jobs), tokens=sum(job.tokens for job in jobs))
@@ -450,27 +415,13 @@ class ScoringService:
         return [j for i, j in enumerate(pending) if i not in late]
 
     def compute(self, batch: list[_Job]) -> list[dict]:
-        """One batch on the model thread: one padded forward pass per scorer, asking for the merged signals of
-        the detectors that share it; then each answer's verdict from its own detector."""
+        """One batch on the model thread (:func:`halwatch.pipeline.score_jobs`): one padded forward pass per scorer,
+        asking for the merged signals of the detectors that share it; then each answer's verdict from its own
+        detector."""
         self.batch_sizes.append(len(batch))
         if self.on_batch is not None:
             self.on_batch(len(batch))
-        results: list[dict | None] = [None] * len(batch)
-        by_scorer: dict[int, list[int]] = {}
-        for i, job in enumerate(batch):
-            by_scorer.setdefault(id(job.detector._scorer()), []).append(i)
-        for indices in by_scorer.values():
-            scorer = batch[indices[0]].detector._scorer()
-            request = batch[indices[0]].detector.request()
-            for i in indices[1:]:
-                request = request.merge(batch[i].detector.request())
-            views = [v for i in indices for v in batch[i].views]
-            signals = iter(scorer.signals([v.sample for v in views], request, views=views))
-            for i in indices:
-                mine = [next(signals) for _ in batch[i].views]
-                results[i] = (batch[i].detector.verdicts(batch[i].views, mine, batch[i].min_span_confidence)[0]
-                              | {"offset_unit": OFFSET_UNIT})
-        return results
+        return [result.model_dump() for result in score_jobs(batch)]
 
     async def check(self, query: str) -> dict:
         """HalMit's verdict for ``query`` against the configured store, on the model thread (a local target
@@ -481,7 +432,7 @@ class ScoringService:
             raise ApiError(404, "no HalMit store is configured here (halwatch serve --watch-store STORE)",
                            "no_watch_store")
         target = self.watch.get("target") or "local:smollm2-135m"
-        loaded = {d._scorer().model.name: d._scorer().model for d in self.detectors.values()}
+        loaded = {p.scorer.model.name: p.scorer.model for p in self.pipelines.values()}
         options = {"scoring_model": loaded[target[6:]]} if target.removeprefix("local:") in loaded else {}
         cost = WATCH_CHECK_TOKENS
         self.worker.admit(cost)
@@ -606,7 +557,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
 
     app.state.openapi_patches.append(document_items)
 
-    @app.post("/v1/score", response_model=ScoreResult | list[ScoreResult], responses=errors(413, 422, 429, 504),
+    @app.post("/v1/score", response_model=Result | list[Result], responses=errors(413, 422, 429, 504),
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": body_schema, "example": EXAMPLE}}}})
     async def score(request: Request):
