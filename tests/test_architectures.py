@@ -12,8 +12,9 @@ import torch
 from halwatch.detectors import DETECTORS, create_detector
 from halwatch.errors import ModelError
 from halwatch.models import forward
-from halwatch.models.forward import SignalRequest, whitebox_request
+from halwatch.models.forward import whitebox_request
 from halwatch.models.loader import ScoringModel
+from halwatch.models.signal_types import SignalRequest
 from halwatch.scorer import Scorer
 
 WINDOW = 24  # sliding-window architectures get a window shorter than the inputs, so that it matters

@@ -304,7 +304,7 @@ def test_bench_command_with_sweeps(datasets, tmp_path, signal_cache, smol, monke
 
 
 def test_requests_outside_the_whitebox_pass_get_their_own(bench, datasets):
-    from halwatch.models.forward import SignalRequest
+    from halwatch.models.signal_types import SignalRequest
 
     covered = bench.data(datasets[0], SignalRequest(token_stats=True))[3]
     assert covered is bench.data(datasets[0])[3]  # the shared pass serves what it covers

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from halwatch.models import forward
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.scorer import Scorer
 
 REQ = SignalRequest(token_stats=True, heads=((21, 6),), reducers=("mtopdiv",))
@@ -50,7 +50,7 @@ def test_interrupted_run_resumes_without_recomputing(smol, probe, tmp_path):
     cache = tmp_path / "cache"
     script = textwrap.dedent(f"""
         from halwatch.data.ragtruth import read_ragtruth
-        from halwatch.models.forward import SignalRequest
+        from halwatch.models.signal_types import SignalRequest
         from halwatch.scorer import Scorer
         samples = [s for s in read_ragtruth(split="train", generator="llama-2-7b-chat") if len(s.response) < 600][:12]
         req = SignalRequest(token_stats=True, heads=((21, 6),), reducers=("mtopdiv",))

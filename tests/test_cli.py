@@ -27,8 +27,9 @@ def test_score_one_answer():
     out = run("score", "--no-cache", "--context", CONTEXT, "--question", "Which cells produce insulin?",
               "--response", "Insulin is produced by red blood cells in the bone marrow.")
     result = json.loads(out.stdout)
-    assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "detector", "scoring_model",
-                           "input_mode", "truncated", "windows", "ood", "task"}
+    assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "offset_unit", "detector",
+                           "scoring_model", "input_mode", "truncated", "windows", "ood", "task"}
+    assert result["offset_unit"] == "unicode_code_point"
     assert set(result["ood"]) == {"distance", "percentile", "extrapolated"}
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:

@@ -95,7 +95,7 @@ def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, p
     assert half.model.dtype == "bfloat16" and half.model.device.type == "cpu"
     assert half.identity()["dtype"] == "bfloat16" and full.identity()["dtype"] == "float32"
     view, request = full.encode(samples[0]), whitebox_request(smol)
-    assert half._key(view, request) != full._key(view, request)
+    assert half.cache_key(view, request) != full.cache_key(view, request)
     with caplog.at_level(logging.WARNING, logger="halwatch"):
         det_half = load_detector("default", scorer=half)
     warned = [r.getMessage() for r in caplog.records

@@ -4,7 +4,7 @@ import torch
 
 from halwatch import Sample
 from halwatch.models import forward
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.scorer import Scorer
 from halwatch.signals.topology import mtopdiv
 

@@ -35,7 +35,7 @@ def test_lookback_ratios_equal_the_reference_computed_by_incremental_generation(
     import torch
 
     from halwatch.models import forward
-    from halwatch.models.forward import SignalRequest
+    from halwatch.models.signal_types import SignalRequest
     from halwatch.scorer import Scorer
 
     heads = ((2, 0), (14, 5), (21, 6), (27, 3))

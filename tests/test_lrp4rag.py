@@ -13,8 +13,9 @@ import torch
 
 from halwatch.detectors import classifiers, create_detector, load_detector
 from halwatch.models import relevance as lrp
-from halwatch.models.forward import SignalRequest, install, run
+from halwatch.models.forward import install, run
 from halwatch.models.relevance import RelevanceRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.sample import Sample
 from halwatch.signals.relevance import resample, resample_2d, resample_matrix
 

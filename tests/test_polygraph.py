@@ -8,7 +8,7 @@ from halwatch.detectors import create_detector, load_detector, split_spec
 from halwatch.detectors import polygraph as pg
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models import forward
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.sample import Sample
 from halwatch.scorer import Scorer
 

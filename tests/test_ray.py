@@ -21,8 +21,8 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]'; make test installs it)")
 
+import halwatch  # noqa: E402
 from halwatch.data.jsonl import sample_record, write_jsonl  # noqa: E402
-from halwatch.detectors import load_detector  # noqa: E402
 from halwatch.sample import Sample  # noqa: E402
 from halwatch.scale import finished_ids, score_records  # noqa: E402
 
@@ -49,10 +49,7 @@ def records(short_answers):
 @pytest.fixture(scope="module")
 def local(records, smol):
     """The same records scored in this process by the shipped default, as `halwatch score` does."""
-    from halwatch.scorer import Scorer
-
-    det = load_detector("default", scorer=Scorer(model=smol, cache=None))
-    return {r["id"]: r for r in det.verdicts(*_signals_of(det, records))}
+    return {r.id: r.to_dict() for r in halwatch.load(model=smol).check_many(records)}
 
 
 def _same(got: dict, expected: dict) -> None:
@@ -79,26 +76,18 @@ def test_ray_scores_equal_local_scores_in_input_order(cluster, records, local, t
 
 def test_the_drivers_precision_choice_reaches_the_actors(cluster, records, local, tmp_path, monkeypatch):
     """`HALWATCH_DTYPE` set where `halwatch score --ray` runs reaches the actors (this cluster's processes were
-    started with the session's float32 pin): they score in bfloat16, as this process does with the same choice."""
-    from halwatch.scorer import Scorer
-
+    started with the session's float32 pin): they score in bfloat16, as this process does with the same choice, and
+    return exactly its results (on a CPU every answer has a pass of its own, so no batch-mate's padding moves a
+    bfloat16 score)."""
     monkeypatch.setenv("HALWATCH_DTYPE", "bfloat16")
     out = tmp_path / "out.jsonl"
-    score_records(records[:2], out, scorer_options={"dtype": "auto"}, address=cluster, progress=False)
-    det = load_detector("default", scorer=Scorer(cache=None))  # auto: bfloat16 here too
-    assert det.scorer.identity()["dtype"] == "bfloat16"
-    half = {r["id"]: r["score"] for r in det.verdicts(*_signals_of(det, records[:2]))}
-    got = {g["id"]: g["score"] for g in _read(out)}
-    assert got == pytest.approx(half, abs=1e-4)
-    assert max(abs(half[i] - local[i]["score"]) for i in half) > 1e-4  # float32's scores differ
-
-
-def _signals_of(det, records):
-    from halwatch.data.jsonl import sample_from_record
-
-    samples = [sample_from_record(r, "test") for r in records]
-    views = [det.get_scorer().encode(s) for s in samples]
-    return views, det.get_scorer().signals(samples, det.request(), views=views)
+    score_records(records[:3], out, scorer_options={"dtype": "auto", "batch_size": None}, address=cluster,
+                  batch_size=3, progress=False)
+    here = halwatch.load()  # auto: bfloat16 here too
+    assert here.pipeline.scorer.identity()["dtype"] == "bfloat16"
+    half = {r.id: r.to_dict() for r in here.check_many(records[:3])}
+    assert {g["id"]: g for g in _read(out)} == half
+    assert max(abs(half[i]["score"] - local[i]["score"]) for i in half) > 1e-4  # float32's scores differ
 
 
 def _command(input_path, output, address, *extra) -> list[str]:
@@ -135,14 +124,13 @@ def test_the_task_option_reaches_ray(cluster, smol, tmp_path):
     """``--task dialogue`` renders contexts without a question as dialogue on the Ray path too: the scores equal
     this process's with the dialogue template and differ from the default (summary) rendering."""
     from halwatch.data.jsonl import read_jsonl
-    from halwatch.scorer import Scorer
 
     demo = [s for s in read_jsonl(DEMO) if s.question is None]  # the summary pair: a context and no question
-    det = load_detector("default", scorer=Scorer(model=smol, cache=None))
+    here = halwatch.load(model=smol)
 
     def scores(task):
         samples = [Sample(context=s.context, response=s.response, id=s.id, task=task) for s in demo]
-        return dict(zip([s.id for s in samples], det.score(samples)))
+        return {r.id: r.score for r in here.check_many(samples)}
 
     path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(path, [{"id": s.id, "context": s.context, "response": s.response} for s in demo])
@@ -179,9 +167,9 @@ def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, short_answers,
     from halwatch.scorer import Scorer
 
     samples = short_answers[0][:3]
-    scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path / "signals")
+    scorer = Scorer(model=smol, max_tokens=512, cache=tmp_path / "signals",
+                    remote=lambda me, todo, req: ray_signals(me, todo, req, address=cluster, actors=1))
     request = whitebox_request(smol)
-    scorer.remote = lambda todo, req: ray_signals(scorer, todo, req, address=cluster, actors=1)
     remote = scorer.signals(samples, request)
     assert len(list((tmp_path / "signals").rglob("*.npz"))) == len(samples)
     mine = Scorer(model=smol, max_tokens=512, cache=None).signals(samples, request)
@@ -190,8 +178,8 @@ def test_bench_signals_from_ray_equal_a_local_pass(cluster, smol, short_answers,
         np.testing.assert_allclose(a.reduced["lookback.ratio"], b.reduced["lookback.ratio"], atol=1e-5)
         np.testing.assert_allclose(a.reduced["mtopdiv.d"], b.reduced["mtopdiv.d"], atol=1e-5)
     # the windows of a long context: each gets its own window's signals, not the left-cut view's
-    small = Scorer(model=smol, max_tokens=128, cache=tmp_path / "windows")
-    small.remote = lambda todo, req: ray_signals(small, todo, req, address=cluster, actors=1)
+    small = Scorer(model=smol, max_tokens=128, cache=tmp_path / "windows",
+                   remote=lambda me, todo, req: ray_signals(me, todo, req, address=cluster, actors=1))
     long = Sample(context=" ".join(f"Fact {i} is {i * 3}." for i in range(40)), question="Fact 0?", response="0.")
     views = small.encode_windows(long)
     got = small.signals([long] * len(views), request, views=views)

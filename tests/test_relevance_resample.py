@@ -110,9 +110,10 @@ def tiny_phi3(smol):
 def test_rules_warn_once_naming_unrecognised_gated_mlp(tiny_phi3, smol, scorer, caplog):
     """Phi-3's fused gate_up_proj is no Llama-pattern MLP: a relevance pass through it warns once, naming the class
     and the path; SmolLM2 (Llama) has a rule for every norm and MLP and warns nothing."""
-    from halwatch.models.forward import SignalRequest, run
+    from halwatch.models.forward import run
     from halwatch.models.loader import ScoringModel
     from halwatch.models.relevance import RelevanceRequest, unrecognised
+    from halwatch.models.signal_types import SignalRequest
     from halwatch.sample import Sample
 
     assert [(p, k) for p, k, _ in unrecognised(tiny_phi3)] == [("model.layers.0.mlp", "Phi3MLP"),

@@ -6,8 +6,8 @@ import pytest
 
 from halwatch.detectors import create_detector
 from halwatch.errors import HalwatchError
-from halwatch.models.forward import SignalRequest, Signals
 from halwatch.models.sampling import SamplingRequest, draw_tokens, sample_answers, stop_ids, yes_probability
+from halwatch.models.signal_types import SignalRequest, Signals
 from halwatch.scorer import Scorer
 
 

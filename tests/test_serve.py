@@ -148,6 +148,30 @@ def test_bad_input_is_refused_with_a_clear_message(service, body, status, words)
     assert words in reply.json()["error"]["message"]
 
 
+def test_the_schema_and_the_server_agree_on_white_space(service):
+    """Every character Python counts as white space (U+0085 among them, which JSON Schema's ECMA-262 `\\S` does not
+    count) is refused alone by the published schema's pattern, read by an ECMA-262 engine (Node's, where installed)
+    and by Python's, and by the server; a character neither counts (U+FEFF) is accepted by both."""
+    import re
+    import shutil
+
+    schema = httpx.get(service.url + "/openapi.json").json()["components"]["schemas"]["ScoreItem"]
+    pattern = schema["properties"]["response"]["pattern"]
+    blank = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert "\u0085" in blank and len(blank) > 20
+    assert not any(re.search(pattern, c) for c in blank) and re.search(pattern, "\ufeff")
+    node = shutil.which("node")
+    if node:  # an ECMA-262 engine reads the pattern alike
+        script = ("const r = new RegExp(process.argv[1], 'u'); const xs = JSON.parse(process.argv[2]); "
+                  "console.log(JSON.stringify(xs.map(x => r.test(x))))")
+        out = subprocess.run([node, "-e", script, pattern, json.dumps(blank + ["\ufeff"])], capture_output=True,
+                             text=True, check=True).stdout
+        assert json.loads(out) == [False] * len(blank) + [True]
+    for c in ("\u0085", "\u3000", " \t"):
+        reply = httpx.post(service.url + "/v1/score", json={**INSULIN, "response": c}, timeout=60)
+        assert reply.status_code == 422 and "empty response" in reply.json()["error"]["message"]
+
+
 def test_malformed_bodies_and_the_server_stays_healthy(service):
     url = service.url + "/v1/score"
     headers = {"content-type": "application/json"}

@@ -5,7 +5,7 @@ from sklearn.metrics import roc_auc_score
 from halwatch.detectors import create_detector, load_detector
 from halwatch.detectors.heads import head_deltas, select_heads
 from halwatch.detectors.toha import copy_head_scores
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.signals.topology import mtopdiv
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from halwatch.files import replaced
-from halwatch.models.forward import SignalRequest, Signals
+from halwatch.models.signal_types import SignalRequest, Signals
 
 FORMAT_VERSION = 2
 

@@ -32,8 +32,9 @@ def _add_scorer_options(p: argparse.ArgumentParser, defaults_from_artifact: bool
                         f"the command takes --windows, else cut from its left end (default "
                         f"{'the artifact' + chr(39) + 's' if defaults_from_artifact else DEFAULT_MAX_TOKENS})")
     p.add_argument("--batch-size", type=_batch_size, default=None, metavar="N|auto",
-                   help="samples per forward pass (default auto: samples of similar length, as many as fit 2048 "
-                        "padded tokens on a CPU, 32768 on a GPU)")
+                   help="samples per forward pass (default auto: one on a CPU, where batching gains nothing and in "
+                        "bfloat16 would move scores with their batch-mates; on a GPU samples of similar length, as "
+                        "many as fit 32768 padded tokens)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the signal cache")
     add_device_options(p)
 

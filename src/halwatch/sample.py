@@ -67,6 +67,18 @@ TEMPLATES = {
 }
 TASKS = tuple(TEMPLATES)
 
+#: White space, as Python's ``str.strip`` and ``str.isspace`` read it: a text of these alone is empty.
+WHITE_SPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+#: A regular expression that a text matches when it holds a character that is not :data:`WHITE_SPACE`, written as an
+#: explicit character class so that JSON Schema (ECMA-262), Python and Rust engines read it alike: a published
+#: schema's ``\S`` would let through U+0085, which ECMA-262 does not count as space and Python does.
+NON_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITE_SPACE) + "]"
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` is empty or :data:`WHITE_SPACE` only."""
+    return not text.strip()
+
 
 def default_task(question: str | None) -> str:
     """The task of a record that names none: question answering with a question, else a summary."""
@@ -169,9 +181,9 @@ class Sample:
         """Raise :class:`InputError` naming the record when the sample cannot be scored."""
         if not isinstance(self.response, str):
             raise InputError("field 'response' must be a string", self.where)
-        if not self.response.strip():
+        if is_blank(self.response):
             raise InputError("empty response", self.where)
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
+        if not isinstance(self.prompt, str) or is_blank(self.prompt):
             raise InputError("empty prompt (give 'prompt', or a non-empty 'context')", self.where)
         if self.label not in (None, 0, 1):
             raise InputError(f"label must be 0, 1 or null, got {self.label!r}", self.where)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from halwatch.cache import SignalCache, signal_key
 from halwatch.models import forward, registry
-from halwatch.models.forward import SignalRequest, Signals, attach_support
+from halwatch.models.forward import attach_support
 from halwatch.models.loader import ScoringModel, load_model
+from halwatch.models.signal_types import SignalRequest, Signals
 from halwatch.progress import progress as progress_bar
 from halwatch.sample import Sample, task_of
 from halwatch.timing import timed
@@ -18,8 +19,13 @@ from halwatch.tokens import DEFAULT_MAX_TOKENS, INPUT_MODES, MAX_WINDOWS, TokenV
 
 log = logging.getLogger("halwatch")
 
-#: Padded tokens per forward pass when the batch size is chosen by a token budget (``batch_size=None``).
-BATCH_TOKENS = {"cpu": 2048, "mps": 8192, "cuda": 32768}
+#: Padded tokens per forward pass when the batch size is chosen by a token budget (``batch_size=None``) on a GPU.
+BATCH_TOKENS = {"mps": 8192, "cuda": 32768}
+#: Device kinds on which ``batch_size=None`` scores one answer per pass: on a CPU batching gains nothing (1.04 s per
+#: answer one at a time against 1.22 s in batches of 8 on a 2-core CPU, docs/scale.md), and in bfloat16 the padding
+#: of a batch moves an answer's probability in the third decimal, so that a file's scores would depend on which
+#: answers shared its batch (and Ray's actors, which batch other answers together, would differ from a local run).
+ONE_PER_PASS = ("cpu",)
 
 
 class Scorer:
@@ -27,8 +33,9 @@ class Scorer:
 
     ``cache``: ``True`` for ``$HALWATCH_HOME/signals``, a folder, or ``None``/``False`` for no cache.
     ``device`` and ``dtype`` (:func:`halwatch.models.loader.load_model`) apply when the model is loaded here.
-    ``batch_size``: answers per forward pass, or ``None``: as many as fit ``batch_tokens`` padded tokens
-    (answers are sorted by length first, so a batch pads little). ``windows``: the most windows a context longer
+    ``batch_size``: answers per forward pass, or ``None``: one on a CPU, else as many as fit ``batch_tokens``
+    padded tokens (answers are sorted by length first, so a batch pads little; a ``batch_tokens`` given batches on a
+    CPU too). ``windows``: the most windows a context longer
     than the cap is scored in (:meth:`encode_windows`; 1: its left part is cut). ``remote``: a function
     ``remote(scorer, samples, request) -> signals`` that computes uncached signals elsewhere
     (:func:`halwatch.scale.ray_signals`). The model is loaded on first use.
@@ -193,12 +200,16 @@ class Scorer:
 
     def batches(self, lengths: list[int], batch_size=...) -> list[list[int]]:
         """Consecutive batches of indices into ``lengths`` (token counts, sorted ascending): ``batch_size`` (by
-        default the scorer's) at a time, or with ``None`` as many as fit the token budget (answers x longest; by
-        default :data:`BATCH_TOKENS` of the model's device kind)."""
+        default the scorer's) at a time, or with ``None`` one at a time on a CPU (:data:`ONE_PER_PASS`) and as many
+        as fit the token budget elsewhere (answers x longest; by default :data:`BATCH_TOKENS` of the model's device
+        kind)."""
         size = self.batch_size if batch_size is ... else (None if batch_size is None else max(1, int(batch_size)))
+        kind = self.model.device.type
+        if size is None and kind in ONE_PER_PASS and not self.batch_tokens:
+            size = 1
         if size is not None:
             return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
-        budget = self.batch_tokens or BATCH_TOKENS.get(self.model.device.type, BATCH_TOKENS["cpu"])
+        budget = self.batch_tokens or BATCH_TOKENS.get(kind, BATCH_TOKENS["mps"])
         out: list[list[int]] = []
         for i, n in enumerate(lengths):
             if out and n * (len(out[-1]) + 1) <= budget:

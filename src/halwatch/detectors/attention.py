@@ -9,7 +9,7 @@ from halwatch.detectors import linear
 from halwatch.detectors.base import Detector
 from halwatch.detectors.calibration import best_f1_threshold
 from halwatch.detectors.heads import select_heads
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.signals.lookback import window_means
 
 
@@ -153,9 +153,9 @@ class LookbackLens(Detector):
         return linear.logodds(self.window_model, features)
 
     def window_probabilities(self, features) -> np.ndarray:
-        from scipy.special import expit
+        from halwatch.detectors.logistic import sigmoid
 
-        return expit(self.window_logodds(features))
+        return sigmoid(self.window_logodds(features))
 
     def token_scores(self, signals):
         heads = _all_heads(self)

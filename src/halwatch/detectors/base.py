@@ -38,7 +38,7 @@ from halwatch.detectors.linear import folds_of
 from halwatch.detectors.spans import PLAIN, fit_span_confidence, fit_span_rule, rule_spans
 from halwatch.errors import HalwatchError, InputError
 from halwatch.files import replaced
-from halwatch.models.forward import SignalRequest, Signals
+from halwatch.models.signal_types import SignalRequest, Signals
 from halwatch.sample import Sample
 from halwatch.signals import reducers
 from halwatch.tokens import TokenView, window_groups
@@ -497,9 +497,7 @@ class Detector:
         fitted. Use it when the answers to be judged hold another share of hallucinated ones than the training
         answers (RAGTruth's official test split: 26 %, against 46 % in its training split); it assumes that this
         share is all that differs. ``tasks`` matter only to a detector with one part per task."""
-        from scipy.special import expit
-
-        from halwatch.detectors.calibration import logit
+        from halwatch.detectors.logistic import logit, sigmoid
 
         self._require_fitted()
         report = {"assumed": self.assumed_prior()}
@@ -507,7 +505,7 @@ class Detector:
             report |= estimated_share(probs, report["assumed"])
             prior = report["estimate"]
         move = self.calibrator.restate(float(prior))
-        self.threshold = float(expit(logit(self.threshold) + move))
+        self.threshold = float(sigmoid(logit(self.threshold) + move))
         report |= {"prior": float(prior), "threshold": self.threshold}
         self.fitted_on = {**self.fitted_on, "restated": {**report, "data": describe}}
         return report

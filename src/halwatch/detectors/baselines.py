@@ -10,7 +10,7 @@ import numpy as np
 
 from halwatch.detectors import linear
 from halwatch.detectors.base import Detector
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 
 TOKEN_STATS = SignalRequest(token_stats=True)
 

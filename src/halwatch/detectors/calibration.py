@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from halwatch.detectors.logistic import logit, sigmoid
 from halwatch.errors import InputError
 
 CALIBRATIONS = ("platt", "isotonic")
@@ -72,15 +73,13 @@ class Calibrator:
         if not self.params:
             raise RuntimeError("calibrator is not fitted")
         p = self.params
-        from scipy.special import expit
-
         shift = p.get("shift", 0.0) + p.get("restated", 0.0)
         if self.method == "platt":
-            probs = expit(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"] + shift)
+            probs = sigmoid(p["coef"] * (raw - p["mean"]) / p["std"] + p["intercept"] + shift)
         else:
             probs = np.interp(raw, p["x"], p["y"])
             if shift:
-                probs = expit(logit(probs) + shift)
+                probs = sigmoid(logit(probs) + shift)
         return np.clip(probs, p.get("p_min", 0.0), p.get("p_max", 1.0))
 
     def restate(self, prior: float) -> float:
@@ -100,9 +99,7 @@ class Calibrator:
         move = self.params.get("restated", 0.0)
         if not move:
             return probs
-        from scipy.special import expit
-
-        return expit(logit(probs) - move)
+        return sigmoid(logit(probs) - move)
 
     def ranking(self, raw) -> np.ndarray:
         """The score answers are ranked by (AUROC, AUC-PR): the raw score, reversed where the Platt slope is
@@ -123,11 +120,6 @@ class Calibrator:
         return c
 
 
-def logit(p):
-    p = np.clip(np.asarray(p, dtype=float), 1e-12, 1 - 1e-12)
-    return np.log(p / (1 - p))
-
-
 def estimate_prior(probs, assumed: float, tol: float = 1e-7, max_iter: int = 2000):
     """The share of hallucinated answers among unlabelled answers, from their probabilities ``probs`` (which
     assume the share ``assumed``), by the EM procedure of Saerens, Latinne and Decaestecker, "Adjusting the
@@ -138,13 +130,11 @@ def estimate_prior(probs, assumed: float, tol: float = 1e-7, max_iter: int = 200
     ``q`` moves less than ``tol``. It is the maximum-likelihood share under label shift: the answers differ from
     the training answers only in how many are hallucinated, each class's answers looking as they did. ``probs``
     may be a matrix: one estimate per row (the bootstrap's resamples at once), else one float."""
-    from scipy.special import expit
-
     logits = logit(np.atleast_2d(np.asarray(probs, dtype=float)))
     base = float(logit(assumed))
     q = np.full(len(logits), float(assumed))
     for _ in range(max_iter):
-        new = expit(logits + (logit(q) - base)[:, None]).mean(axis=1)
+        new = sigmoid(logits + (logit(q) - base)[:, None]).mean(axis=1)
         new = np.clip(new, 1e-6, 1 - 1e-6)
         done = np.abs(new - q).max() < tol
         q = new

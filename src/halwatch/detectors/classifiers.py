@@ -12,6 +12,8 @@ import base64
 
 import numpy as np
 
+from halwatch.detectors.logistic import sigmoid
+
 CLASSIFIERS = ("svm", "mlp", "random_forest", "lstm")
 
 
@@ -73,7 +75,7 @@ def predict(model: dict, x) -> np.ndarray:
             h = h @ unpack(w) + unpack(b)
             if i < len(weights) - 1:
                 h = np.maximum(h, 0)
-        return 1.0 / (1.0 + np.exp(-h[:, 0]))
+        return sigmoid(h[:, 0])
     if kind == "random_forest":
         return np.mean([_tree_predict(t, z) for t in model["trees"]], axis=0)
     if kind == "lstm":

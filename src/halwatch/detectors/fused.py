@@ -46,7 +46,9 @@ import numpy as np
 from halwatch.detectors import linear, sequence
 from halwatch.detectors.base import Detector, cross_fit
 from halwatch.detectors.linear import folds_of
-from halwatch.models.forward import SignalRequest, whitebox_request
+from halwatch.detectors.logistic import sigmoid
+from halwatch.models.forward import whitebox_request
+from halwatch.models.signal_types import SignalRequest
 from halwatch.timing import timed
 
 TOKEN_KINDS = ("bigru", "linear")
@@ -63,12 +65,6 @@ def _smooth(values: np.ndarray, width: int) -> np.ndarray:
     kernel = np.ones(width) / width
     padded = np.pad(values, (width // 2, width - 1 - width // 2), mode="edge")
     return np.convolve(padded, kernel, mode="valid")
-
-
-def _sigmoid(z):
-    from scipy.special import expit
-
-    return expit(z)
 
 
 class Fused(Detector):
@@ -162,8 +158,8 @@ class Fused(Detector):
     @timed("token model")
     def _token_probs(self, model: dict, x: list) -> list[np.ndarray]:
         if model.get("kind") == "bigru":
-            return [_sigmoid(z) for z in sequence.logodds(model, x, self.get_scorer().model.device)]
-        return [_smooth(_sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
+            return [sigmoid(z) for z in sequence.logodds(model, x, self.get_scorer().model.device)]
+        return [_smooth(sigmoid(linear.logodds(model, t)), self.settings["smooth"]) for t in x]
 
     def _pooled(self, probs: list[np.ndarray]) -> np.ndarray:
         k = self.settings["pool_k"]

@@ -8,8 +8,8 @@ import numpy as np
 
 from halwatch.detectors import classifiers
 from halwatch.detectors.base import Detector
-from halwatch.models.forward import SignalRequest
 from halwatch.models.relevance import METHODS, TARGETS, RelevanceRequest
+from halwatch.models.signal_types import SignalRequest
 from halwatch.signals.relevance import normalise, resample
 
 FEATURES = ("response", "prompt", "both")

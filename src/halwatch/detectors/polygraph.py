@@ -75,7 +75,7 @@ import numpy as np
 
 from halwatch.detectors.base import Detector
 from halwatch.errors import HalwatchError
-from halwatch.models.forward import SignalRequest, Signals
+from halwatch.models.signal_types import SignalRequest, Signals
 
 log = logging.getLogger("halwatch")
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of, warn_precision
-from halwatch.detectors.calibration import MIN_FOR_SHARE, logit
+from halwatch.detectors.calibration import MIN_FOR_SHARE
 from halwatch.detectors.fused import Fused, signal_request
+from halwatch.detectors.logistic import logit
 from halwatch.errors import HalwatchError, InputError
-from halwatch.models.forward import Signals
+from halwatch.models.signal_types import Signals
 from halwatch.sample import TASKS, task_of
 from halwatch.tokens import TokenView, window_groups
 

@@ -18,10 +18,11 @@ import re
 
 import numpy as np
 
+from halwatch.clustering import cluster_entropy, clusters, entailment_prompt
 from halwatch.data.generate import words
 from halwatch.detectors.base import Detector
-from halwatch.models.forward import SignalRequest
 from halwatch.models.sampling import SamplingRequest, yes_probability
+from halwatch.models.signal_types import SignalRequest
 
 _JUDGED: dict = {}  # (judge, precision, input mode, prompt) -> P(yes), kept for the life of the process
 
@@ -129,8 +130,6 @@ class _Judged(_SamplingDetector):
 
 SUPPORT_PROMPT = ("Context: {context}\n\nSentence: {sentence}\n\nIs the sentence supported by the context above? "
                   "Answer Yes or No.\n\nAnswer:")
-ENTAIL_PROMPT = ("Premise: {a}\n\nHypothesis: {b}\n\nDoes the premise entail the hypothesis? Answer Yes or No.\n\n"
-                 "Answer:")
 
 
 class SelfCheckEntailment(_Judged):
@@ -158,8 +157,9 @@ class SelfCheckEntailment(_Judged):
 class SemanticEntropy(_Judged):
     """Semantic entropy, Kuhn et al. 2023 (section 3, Algorithm 1 and eq. 2-3): the samples are clustered by
     bidirectional entailment (each joins the first cluster whose representative it entails both ways, judge
-    P(yes) >= ``entail_threshold``), each cluster's probability is the sum of its members' length-normalised
-    sequence probabilities, and the score is the entropy over clusters."""
+    P(yes) >= ``entail_threshold``; :mod:`halwatch.clustering`, shared with HalMit's watchdog), each cluster's
+    probability is the sum of its members' length-normalised sequence probabilities, and the score is the entropy
+    over clusters."""
 
     name = "semantic-entropy"
     citation = "Kuhn et al., ICLR 2023 (arXiv:2302.09664)"
@@ -168,7 +168,7 @@ class SemanticEntropy(_Judged):
         super().__init__(scorer=scorer, calibration=calibration, entail_threshold=entail_threshold, **settings)
 
     def _entails(self, pairs) -> dict:
-        prompts = [ENTAIL_PROMPT.format(a=a, b=b) for a, b in pairs]
+        prompts = [entailment_prompt(a, b) for a, b in pairs]
         return dict(zip(pairs, self._ask(prompts) >= self.settings["entail_threshold"]))
 
     def raw_scores(self, signals):
@@ -177,17 +177,6 @@ class SemanticEntropy(_Judged):
         entails = self._entails(sorted({(a, b) for t in texts for a in t for b in t if a != b}))
         out = []
         for s, t in zip(signals, texts):
-            clusters: list[list[int]] = []
-            for k, text in enumerate(t):
-                for c in clusters:
-                    rep = t[c[0]]
-                    if text == rep or (entails[(rep, text)] and entails[(text, rep)]):
-                        c.append(k)
-                        break
-                else:
-                    clusters.append([k])
-            weight = np.exp(s.generations["logprob"] / s.generations["length"])
-            p = np.array([weight[c].sum() for c in clusters])
-            p = p / p.sum()
-            out.append(float(-(p * np.log(p)).sum()))
+            ids = clusters(len(t), lambda k, h: t[k] == t[h] or (entails[(t[h], t[k])] and entails[(t[k], t[h])]))
+            out.append(cluster_entropy(ids, np.exp(s.generations["logprob"] / s.generations["length"])))
         return np.array(out)

@@ -31,6 +31,7 @@ import itertools
 import numpy as np
 
 from halwatch.detectors import linear
+from halwatch.detectors.logistic import sigmoid
 from halwatch.tokens import TokenView, bridge_gaps
 
 #: The plain rule: the threshold alone.
@@ -88,7 +89,7 @@ def span_confidence(calibration: dict, raw, n_words) -> np.ndarray:
     """The calibrated probability that a span with highest word score ``raw`` and ``n_words`` words marks
     unsupported text."""
     x = _confidence_inputs(np.atleast_1d(raw), np.atleast_1d(n_words))
-    return 1.0 / (1.0 + np.exp(-linear.logodds(calibration, x)))
+    return sigmoid(linear.logodds(calibration, x))
 
 
 def fit_span_confidence(tokens: list, views: list, probs, decision: float, threshold: float,

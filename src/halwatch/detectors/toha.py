@@ -7,7 +7,7 @@ import numpy as np
 
 from halwatch.detectors.base import Detector
 from halwatch.detectors.heads import head_deltas, select_heads
-from halwatch.models.forward import SignalRequest
+from halwatch.models.signal_types import SignalRequest
 
 
 class TOHA(Detector):

@@ -10,7 +10,8 @@ import numpy as np
 from halwatch.errors import InputError
 from halwatch.eval.metrics import evaluate, span_scores
 from halwatch.files import replaced
-from halwatch.models.forward import SignalRequest, whitebox_request
+from halwatch.models.forward import whitebox_request
+from halwatch.models.signal_types import SignalRequest
 from halwatch.sample import task_of
 
 log = logging.getLogger("halwatch")

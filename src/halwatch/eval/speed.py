@@ -382,8 +382,8 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     import torch
 
     from halwatch.models import forward
-    from halwatch.models.forward import SignalRequest
     from halwatch.models.loader import load_model
+    from halwatch.models.signal_types import SignalRequest
     from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
@@ -514,8 +514,8 @@ def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, r
 
     from halwatch.models import forward
     from halwatch.models import relevance as lrp
-    from halwatch.models.forward import SignalRequest
     from halwatch.models.relevance import RelevanceRequest
+    from halwatch.models.signal_types import SignalRequest
     from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from halwatch.errors import HalwatchError, InputError
 from halwatch.pipeline import Job, Pipeline, score_jobs
 from halwatch.result import Result
+from halwatch.sample import NON_BLANK
 from halwatch.serve.common import (
     STREAM_POLICIES,
     ApiError,
@@ -49,8 +50,9 @@ from halwatch.serve.common import (
 )
 from halwatch.tokens import MAX_WINDOWS
 
-#: A string with at least one character that is not white space.
-Text = Annotated[str, Field(pattern=r"\S")]
+#: A string with at least one character that is not white space: the same rule as the library's
+#: (:data:`halwatch.sample.NON_BLANK`), so that the published schema and the server's own check agree.
+Text = Annotated[str, Field(pattern=NON_BLANK)]
 
 
 def _given(*fields: str) -> dict:

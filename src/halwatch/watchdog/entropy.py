@@ -1,8 +1,9 @@
 """Semantic entropy (Farquhar et al., Nature 2024; HalMit Appendix B): sample K answers, group them into clusters
 of equal meaning, and take the entropy of the cluster distribution.
 
-Clusters are built as in Farquhar et al.'s Algorithm 1: each answer joins the first cluster whose first member it
-is equivalent to, or opens a new one. Equivalence is either
+Clusters are built as in Farquhar et al.'s Algorithm 1 (:mod:`halwatch.clustering`, shared with the sampling
+baseline): each answer joins the first cluster whose first member it is equivalent to, or opens a new one.
+Equivalence is either
 
 - ``entailment`` (the paper's, used whenever a judge LLM is given: ``--judge``): the judge says "yes" to "does A imply
   B?" in both directions, or
@@ -18,52 +19,34 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from halwatch.clustering import cluster_entropy, clusters, clusters_async, entailment_prompt
 from halwatch.watchdog.clients import yes_probability
 from halwatch.watchdog.embed import embed
 
 THRESHOLD = 0.85
-ENTAIL = ("Statement A: {a}\nStatement B: {b}\n\nDoes statement A imply statement B, in the context of the question "
-          "\"{q}\"? Answer yes or no.")
 
 
 def entropy_of(cluster_ids) -> float:
     """Discrete entropy (nats) of cluster assignments."""
-    _, counts = np.unique(np.asarray(cluster_ids), return_counts=True)
-    p = counts / counts.sum()
-    return float(-(p * np.log(p)).sum()) if len(p) > 1 else 0.0
+    return cluster_entropy(cluster_ids)
 
 
 def embedding_clusters(texts, threshold: float = THRESHOLD) -> list[int]:
     vectors = embed(texts)
-    heads: list[int] = []
-    ids = []
-    for i in range(len(texts)):
-        match = next((c for c, h in enumerate(heads) if float(vectors[i] @ vectors[h]) >= threshold), None)
-        if match is None:
-            heads.append(i)
-            match = len(heads) - 1
-        ids.append(match)
-    return ids
+    return clusters(len(texts), lambda i, h: float(vectors[i] @ vectors[h]) >= threshold)
 
 
 async def entailment_clusters(texts, question: str, judge) -> list[int]:
-    heads: list[int] = []
-    ids = []
-    for i, text in enumerate(texts):
-        match = None
-        for c, h in enumerate(heads):
-            both = [await judge.chat([{"role": "user", "content": ENTAIL.format(a=a, b=b, q=question)}],
-                                     max_tokens=1, top_logprobs=5) for a, b in ((text, texts[h]), (texts[h], text))]
-            if all(yes_probability(r[0]) > 0.5 for r in both):
-                match = c
-                break
-        if match is None:
-            heads.append(i)
-            match = len(heads) - 1
-        ids.append(match)
-    return ids
+    async def implies(a: str, b: str) -> bool:
+        reply = await judge.chat([{"role": "user", "content": entailment_prompt(a, b, question)}], max_tokens=1,
+                                 top_logprobs=5)
+        return yes_probability(reply[0]) > 0.5
+
+    async def same(i: int, h: int) -> bool:  # both directions asked, as before: the second even after a no
+        both = [await implies(texts[i], texts[h]), await implies(texts[h], texts[i])]
+        return all(both)
+
+    return await clusters_async(len(texts), same)
 
 
 async def semantic_entropy(texts, question: str = "", method: str = "embedding", judge=None,
