@@ -53,6 +53,19 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(scope="session")
+def spans_of():
+    """``spans_of(detector, sample)``: the spans `halwatch score` reports for one answer with this detector (the one
+    scoring path, :class:`halwatch.pipeline.Pipeline`), as dicts."""
+    from halwatch.pipeline import Pipeline
+
+    def find(detector, sample) -> list[dict]:
+        pipeline = Pipeline(detector)
+        return [s.model_dump() for s in pipeline.score(pipeline.encode([sample]))[0].spans]
+
+    return find
+
+
+@pytest.fixture(scope="session")
 def smol():
     return load_model("smollm2-135m")
 

@@ -43,7 +43,8 @@ EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "se
 # its classifiers on SQuAD-built answers of short passages in test_lrp4rag.py: its relevance pass is the dearest. The
 # routed detector is fused parts, one per task, each with its own calibration: test_routed.py
 @pytest.mark.parametrize("name", sorted(set(DETECTORS) - {"lrp4rag", "routed"}))
-def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtruth_train, short_answers, tmp_path):
+def test_baseline_contract_fit_score_spans_save_load(spans_of, name, scorer, probe, ragtruth_train, short_answers,
+                                                     tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick
     if name in EXPENSIVE:  # a pass of their own (relevance, every token's rows, sampling): 4 + 4 SQuAD-built
         probe, held_out = short_answers  # answers of short passages, and 2 held out (as test_lrp4rag.py's)
@@ -79,19 +80,20 @@ def test_baseline_contract_fit_score_spans_save_load(name, scorer, probe, ragtru
                                             else "in-sample (unsupervised score)")
     # the threshold was fitted on the probe data: for an unsupervised score it is the best-F1 cut of the probe
     # probabilities
-    probe_probs = det.score_signals(scorer.signals(probe, det.request()))  # the views it was fitted on (no windows)
+    # the views it was fitted on (no windows)
+    probe_probs = det.scores_and_ranking(scorer.signals(probe, det.request()))[0]
     labels = [s.label for s in probe]
     if not det.supervised:
         assert f1_score(labels, probe_probs >= det.threshold) == pytest.approx(
             max(f1_score(labels, probe_probs >= c) for c in np.unique(probe_probs)))
     for sample in held_out[:2]:
-        for span in det.spans(sample):
+        for span in spans_of(det, sample):
             assert sample.response[span["start"] : span["end"]] == span["text"] and span["text"].strip()
     path = tmp_path / f"{name}.json"
     det.save(path)
     again = load_detector(str(path), scorer=scorer)
     np.testing.assert_allclose(again.score(held_out), probs)
-    assert again.spans(held_out[0]) == det.spans(held_out[0])
+    assert spans_of(again, held_out[0]) == spans_of(det, held_out[0])
 
 
 def test_artifact_refuses_another_input_mode(scorer, smol, probe, tmp_path, signal_cache):

@@ -24,28 +24,36 @@ def test_held_out_inputs_are_out_of_fold(scorer, probe, fitted):
     from sklearn.model_selection import StratifiedGroupKFold
 
     y = np.array([s.label for s in probe])
-    x = fitted.answer_features(scorer.signals(probe, fitted.request()))["lookback"]
+    views = [scorer.encode(s) for s in probe]
+    signals = scorer.signals(probe, fitted.fit_request(), views=views)
+    x = fitted.answer_features(signals)["lookback"]
     expected = np.zeros(len(y))
     groups = [s.source for s in probe]
     for train, held in StratifiedGroupKFold(4, shuffle=True, random_state=0).split(x, y, groups):
         mean, std = x[train].mean(0), x[train].std(0) + 1e-8
         lr = LogisticRegression(C=1.0, max_iter=10000, tol=1e-10).fit((x[train] - mean) / std, y[train])
         expected[held] = lr.decision_function((x[held] - mean) / std)
+    def held_out_inputs(samples, views):  # what fit_signals fits the operating point and the OOD reference on
+        det = create_detector("fused", scorer, C=1.0, token_C=1e-3, folds=4)
+        held = det.fit_out_of_fold(signals, np.array([s.label for s in samples]), views, np.array(groups))
+        return held.inputs
+
+    inputs = held_out_inputs(probe, views)
     column = fitted.columns.index("lookback")
-    np.testing.assert_allclose(fitted.held_out_inputs[:, column], expected, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(inputs[:, column], expected, rtol=1e-3, atol=1e-3)
 
     k = next(i for i, s in enumerate(probe) if s.spans)
     changed = list(probe)
     changed[k] = replace(probe[k], spans=[])
-    other = create_detector("fused", scorer, C=1.0, token_C=1e-3, folds=4).fit(changed)
+    other = held_out_inputs(changed, [scorer.encode(s) for s in changed])
     pooled = [fitted.columns.index(c) for c in ("token_max", "token_top", "token_mean")]
-    np.testing.assert_allclose(other.held_out_inputs[k, pooled], fitted.held_out_inputs[k, pooled], atol=1e-5)
-    assert not np.allclose(other.held_out_inputs[:, pooled], fitted.held_out_inputs[:, pooled], atol=1e-5)
+    np.testing.assert_allclose(other[k, pooled], inputs[k, pooled], atol=1e-5)
+    assert not np.allclose(other[:, pooled], inputs[:, pooled], atol=1e-5)
     # (those are each answer's one view; its calibration read the long ones in their windows, as scoring does)
     assert fitted.fitted_on["windowed"] == sum(len(scorer.encode_windows(s)) > 1 for s in probe) > 0
 
 
-def test_scores_spans_coefficients_and_ablation(scorer, probe, ragtruth_train, fitted):
+def test_scores_spans_coefficients_and_ablation(spans_of, scorer, probe, ragtruth_train, fitted):
     held_out = [s for s in ragtruth_train[300:400] if len(s.response) < 600][:4]
     probs = fitted.score(held_out)
     assert probs.shape == (4,) and np.all((probs > 0) & (probs < 1))
@@ -53,12 +61,12 @@ def test_scores_spans_coefficients_and_ablation(scorer, probe, ragtruth_train, f
     assert set(coefficients) == {"lookback", "toha", "diag", "hidden", "uncertainty", "support", "token_max",
                                  "token_top", "token_mean", "log_length"}
     for sample in held_out:
-        for span in fitted.spans(sample):
+        for span in spans_of(fitted, sample):
             assert sample.response[span["start"]:span["end"]] == span["text"]
     tokens = fitted.token_scores(scorer.signals(held_out[:1], fitted.request()))[0]
     assert tokens.shape == (scorer.encode(held_out[0]).n_response,) and ((0 < tokens) & (tokens < 1)).all()
     lean = create_detector("fused", scorer, C=1.0, folds=3, drop=["tokens", "hidden"]).fit(probe)
-    assert lean.token_model is None and lean.spans(held_out[0]) == []
+    assert lean.token_model is None and spans_of(lean, held_out[0]) == []
     assert set(lean.coefficients()) == {"lookback", "toha", "diag", "uncertainty", "support", "log_length"}
     with pytest.raises(ValueError, match="unknown signal families"):
         create_detector("fused", scorer, drop=["colour"])
@@ -88,10 +96,10 @@ def test_distance_from_the_training_data(scorer, probe, fitted):
     """Training answers lie inside the recorded distances; an answer whose inputs are pushed far from them is
     reported as extrapolated."""
     signals = scorer.signals(probe, fitted.request())
-    found = fitted.ood(signals)
-    assert len(found) == len(probe) and all(0 <= f["percentile"] <= 1 for f in found)
     inputs = np.asarray(fitted.ood_inputs(signals))
-    far = fitted.ood_from_inputs(inputs[:1] + 50 * np.array(fitted.ood_reference["std"]))[0]
+    found = fitted.reference.of(inputs)
+    assert len(found) == len(probe) and all(0 <= f["percentile"] <= 1 for f in found)
+    far = fitted.reference.of(inputs[:1] + 50 * np.array(fitted.ood_reference["std"]))[0]
     assert far["extrapolated"] and far["percentile"] == 1.0 and far["distance"] > 40
     verdict = fitted.verdicts([scorer.encode(probe[0])], signals[:1])[0]
     assert set(verdict["ood"]) == {"distance", "percentile", "extrapolated"}

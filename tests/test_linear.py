@@ -7,8 +7,8 @@ from sklearn.linear_model import LogisticRegression
 
 from halwatch import InputError
 from halwatch.detectors import linear
-from halwatch.detectors.base import fpr_threshold, parse_decision
 from halwatch.detectors.calibration import Calibrator, conformal_threshold
+from halwatch.detectors.operating import fpr_threshold, parse_decision
 from halwatch.eval.metrics import evaluate, expected_calibration_error
 
 

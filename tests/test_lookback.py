@@ -124,15 +124,15 @@ def test_lookback_lens_window_classifier_spans_and_save(scorer, probe, tmp_path)
     assert x.shape == (len(y), len(scorer.model.all_heads())) and 0 < y.mean() < 1
     tokens = lens.token_scores(signals[:3])
     assert all(t.shape == (s.n_response,) and (0 <= t).all() and (t <= 1).all() for t, s in zip(tokens, signals))
-    figures = Bench.span_metrics(lens, signals, views, lens.score_signals(signals))
+    figures = Bench.span_metrics(lens, signals, views, lens.scores_and_ranking(signals)[0])
     assert {"span_f1", "span_trivial_f1", "window_auroc", "window_f1"} <= set(figures)
     # windows of answers the classifier never saw: above chance (the whole train split gives 0.8-0.9)
     assert figures["window_auroc"] > 0.6
     path = tmp_path / "lens.json"
     lens.save(path)
     again = load_detector(str(path), scorer=scorer)
-    np.testing.assert_allclose(again.score_signals(signals), lens.score_signals(signals))
-    assert again.spans_from(views[0], signals[0]) == lens.spans_from(views[0], signals[0])
+    np.testing.assert_allclose(again.scores_and_ranking(signals)[0], lens.scores_and_ranking(signals)[0])
+    assert again.verdicts(views[:1], signals[:1])[0]["spans"] == lens.verdicts(views[:1], signals[:1])[0]["spans"]
     chunk = lens.continuation_scores(signals[:2], start=3)
     assert chunk.shape == (2,) and np.isfinite(chunk).all()
 
@@ -162,7 +162,7 @@ def test_head_map_carries_lookback_lens_between_two_models(scorer, probe, signal
     train_mean = mean_lookback(scorer.signals(fit_on, source.request()), scorer.model.all_heads()).mean(axis=0)
     r2 = 1 - ((predicted - source_x) ** 2).sum(0) / ((train_mean - source_x) ** 2).sum(0)
     assert np.median(r2) > 0
-    mapped_scores = mapped.score_signals(gemma.signals(held_out, mapped.request()))
-    assert spearmanr(mapped_scores, source.score_signals(scorer.signals(held_out, source.request())))[0] > 0.3
+    mapped_scores = mapped.scores_and_ranking(gemma.signals(held_out, mapped.request()))[0]
+    assert spearmanr(mapped_scores, source.scores_and_ranking(scorer.signals(held_out, source.request()))[0])[0] > 0.3
     state = LookbackLens.from_dict(mapped.to_dict(), scorer=gemma)
-    np.testing.assert_allclose(state.score_signals(gemma.signals(held_out, mapped.request())), mapped_scores)
+    np.testing.assert_allclose(state.scores_and_ranking(gemma.signals(held_out, mapped.request()))[0], mapped_scores)

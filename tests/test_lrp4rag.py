@@ -217,7 +217,7 @@ def test_relevance_shares_the_pass_with_other_signals(smol, scorer):
     assert both.relevance["logits"].shape == (view.n_response,)
 
 
-def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, short_answers, tmp_path):
+def test_lrp4rag_classifiers_fit_score_spans_and_reload(spans_of, scorer, short_answers, tmp_path):
     answers = short_answers[0]  # four hallucinated and four grounded SQuAD-built answers: relevance is dear
     for kind in ("svm", "mlp", "random_forest", "threshold"):
         det = create_detector("lrp4rag", scorer=scorer, classifier=kind, length=32).fit(answers)
@@ -225,12 +225,12 @@ def test_lrp4rag_classifiers_fit_score_spans_and_reload(scorer, short_answers, t
         assert probs.shape == (8,) and np.all((probs > 0) & (probs < 1))
         assert det.identity["scoring_model"] == "smollm2-135m" and det.identity["dtype"] == "float32"
         if kind != "threshold" and det.calibrator.params["coef"] > 0:  # the classifier's own decision
-            raw = det.raw_scores(det._signals(answers))
+            raw = det.raw_scores(scorer.signals(answers, det.request()))
             assert np.array_equal(probs >= det.threshold, raw >= (0.0 if kind == "svm" else 0.5))
         det.save(tmp_path / f"{kind}.json")
         again = load_detector(str(tmp_path / f"{kind}.json"), scorer=scorer)
         assert again.score(answers) == pytest.approx(probs)
-    spans = det.spans(answers[0])
+    spans = spans_of(det, answers[0])
     assert all(0 <= s["start"] < s["end"] <= len(answers[0].response) for s in spans)
     assert json.loads((tmp_path / "svm.json").read_text())["settings"]["classifier"] == "svm"
 
@@ -260,7 +260,7 @@ def test_lstm_over_resampled_matrix(scorer, short_answers):
     det = create_detector("lrp4rag", scorer=scorer, classifier="lstm", rows=2, length=16, epochs=2)
     assert det.request().relevance.rows == 2
     det.fit(few)
-    x = det.features(det._signals(few))
+    x = det.features(scorer.signals(few, det.request()))
     assert x.shape == (4, 2, 16)
     restored = load_detector_from(det)
     assert restored.score(few) == pytest.approx(det.score(few), abs=1e-6)
@@ -325,11 +325,11 @@ def test_lrp4rag_artifact_without_normalize_loads_as_raw_relevance():
     del saved["settings"]["normalize"]
     old = load_detector_from_dict(saved)
     assert old.settings["normalize"] == "none"
-    assert old.score_signals(signals) == pytest.approx(raw.score_signals(signals))
+    assert old.scores_and_ranking(signals)[0] == pytest.approx(raw.scores_and_ranking(signals)[0])
     new = create_detector("lrp4rag", length=20).fit_signals(signals, labels)
     again = load_detector_from_dict(json.loads(json.dumps(new.to_dict())))
     assert again.settings["normalize"] == "minmax" and again.settings["target"] == "max"
-    assert again.score_signals(signals) == pytest.approx(new.score_signals(signals))
+    assert again.scores_and_ranking(signals)[0] == pytest.approx(new.scores_and_ranking(signals)[0])
 
 
 def load_detector_from_dict(d):

@@ -91,7 +91,7 @@ def _small_probe(probe, n=6):
     return [s for s in by_length if s.label][:n] + [s for s in by_length if not s.label][:n]
 
 
-def test_detector_fits_scores_and_one_cached_pass_feeds_every_estimator(smol, probe, tmp_path, request):
+def test_detector_fits_scores_and_one_cached_pass_feeds_every_estimator(spans_of, smol, probe, tmp_path, request):
     small = _small_probe(probe)
     scorer = Scorer(model=smol, input_mode="raw", max_tokens=256, cache=tmp_path, windows=1)  # one view per answer
     det = create_detector("polygraph:Perplexity", scorer=scorer).fit(small)
@@ -118,7 +118,7 @@ def test_detector_fits_scores_and_one_cached_pass_feeds_every_estimator(smol, pr
     np.testing.assert_allclose(create_detector("polygraph:Perplexity", scorer=again).fit(small).score(small), probs)
     det.save(tmp_path / "polygraph.json")
     loaded = load_detector(str(tmp_path / "polygraph.json"), scorer=again)
-    assert loaded.settings["estimator"] == "Perplexity" and loaded.spans(small[0]) == []  # no token scores
+    assert loaded.settings["estimator"] == "Perplexity" and spans_of(loaded, small[0]) == []  # no token scores
     np.testing.assert_allclose(loaded.score(small), probs)
     assert not calls  # every estimator, the rerun and the saved detector read the one cached pass per answer
 

@@ -64,7 +64,9 @@ def test_the_command_returns_what_it_returned(items, tmp_path, halwatch):
 
 
 def test_the_service_returns_what_it_returned(items, smol):
-    running = Running(build_app(["default"], models={"smollm2-135m": smol}, limits=Limits(max_items=len(items))))
+    # one request of all 56 answers: an hour's limit, so that a machine slowed by other work does not refuse it
+    limits = Limits(max_items=len(items), timeout=3600, queue_tokens=1 << 24)
+    running = Running(build_app(["default"], models={"smollm2-135m": smol}, limits=limits))
     try:
         served = httpx.post(running.url + "/v1/score", json=items, timeout=3600).json()
     finally:

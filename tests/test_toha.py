@@ -39,7 +39,7 @@ def test_select_heads_when_every_delta_is_negative_and_n_max_exceeds_the_heads()
     assert max(aurocs) < 0.5 and n_opt == int(np.argmax(aurocs)) + 1 and 1 <= n_opt <= 4
 
 
-def test_toha_fit_score_spans_and_artifact(scorer, probe, ragtruth_train, tmp_path):
+def test_toha_fit_score_spans_and_artifact(spans_of, scorer, probe, ragtruth_train, tmp_path):
     toha = create_detector("toha", scorer=scorer, n_max=10)
     toha.fit(probe)
     assert 1 <= len(toha.heads) <= 10
@@ -60,7 +60,7 @@ def test_toha_fit_score_spans_and_artifact(scorer, probe, ragtruth_train, tmp_pa
     held_out = [s for s in ragtruth_train[300:360] if len(s.response) < 700][:5]
     probs = toha.score(held_out)
     assert np.all((probs >= 0) & (probs <= 1))
-    spans = toha.spans(held_out[0])
+    spans = spans_of(toha, held_out[0])
     for span in spans:
         assert held_out[0].response[span["start"] : span["end"]] == span["text"]
     toha.save(tmp_path / "toha.json")
@@ -80,7 +80,7 @@ def test_copy_heads_are_found_without_labels(smol, scorer, probe):
     assert [scores[h] for h in det.heads] == sorted((scores[h] for h in det.heads), reverse=True)
 
 
-def test_mst_ablation_uses_the_complete_graph(smol, signal_cache, probe):
+def test_mst_ablation_uses_the_complete_graph(spans_of, smol, signal_cache, probe):
     from halwatch.scorer import Scorer
     from halwatch.signals.topology import mst_length
 
@@ -88,7 +88,7 @@ def test_mst_ablation_uses_the_complete_graph(smol, signal_cache, probe):
     short = [s for s in probe if len(s.response) < 400]
     det = create_detector("toha", scorer=scorer, divergence="mst", n_max=3)
     det.fit(short[:4] + short[-4:])
-    assert det.request().attention_from == "all" and det.spans(probe[0]) == []
+    assert det.request().attention_from == "all" and spans_of(det, probe[0]) == []
     sample = short[5]
     rows = scorer.signals([sample], SignalRequest(heads=tuple(det.heads), attention_from="all",
                                                   keep_attention=True))[0].attention

@@ -64,7 +64,7 @@ class Checker:
         if not samples:
             return []
         if min_span_confidence is not None:
-            from halwatch.detectors.base import check_confidence
+            from halwatch.detectors.spans import check_confidence
 
             min_span_confidence = check_confidence(min_span_confidence)
         with self._lock:
@@ -110,7 +110,7 @@ def load(detector: str | Path | dict = "default", model: str | None = None, devi
     ``cache``: keep signals on disk (``True``: in ``$HALWATCH_HOME/signals``, or a folder). The scoring model loads
     here, so an unknown one fails at once."""
     from halwatch.detectors import load_detector
-    from halwatch.detectors.base import check_confidence
+    from halwatch.detectors.spans import check_confidence
 
     floor = None if min_span_confidence is None else check_confidence(min_span_confidence)
     det = load_detector(detector, model=model, device=device, dtype=dtype, input_mode=input_mode,

@@ -97,8 +97,10 @@ class LookbackLens(Detector):
 
         source._require_fitted()
         target = cls(scorer=scorer, **source.settings)
-        x_source = mean_lookback(source._signals(samples, progress), _all_heads(source))
-        x_target = mean_lookback(target._signals(samples, progress), _all_heads(target))
+        x_source = mean_lookback(source.get_scorer().signals(samples, source.request(), progress=progress),
+                                 _all_heads(source))
+        x_target = mean_lookback(target.get_scorer().signals(samples, target.request(), progress=progress),
+                                 _all_heads(target))
         mean, std = x_target.mean(axis=0), x_target.std(axis=0) + 1e-8
         ridge = Ridge(alpha=alpha).fit((x_target - mean) / std, x_source)
         coef = ridge.coef_.T / std[:, None]  # [target heads, source heads] on raw features
@@ -107,8 +109,8 @@ class LookbackLens(Detector):
                               "alpha": alpha}
         target.model, target.window_model = source.model, source.window_model
         target.window_threshold = source.window_threshold
-        target.calibrator, target.threshold = source.calibrator, source.threshold
-        target.token_threshold, target.span_rule = source.token_threshold, dict(source.span_rule)
+        target.operating.calibrator, target.operating.threshold = source.calibrator, source.threshold
+        target.span.threshold, target.span.rule = source.span.threshold, dict(source.span.rule)
         target.identity = scorer.identity()
         target.fitted_on = {**source.fitted_on, "mapped_from": source.identity.get("scoring_model"),
                             "map_samples": len(samples)}

@@ -30,7 +30,7 @@ whole-answer mean dilutes them).
 
 The answer score is a stacked logistic regression over the families' log-odds, the pooled token scores and the log
 response length as an explicit feature (its coefficient is reported: the detector must beat length, not rediscover
-it). Stacking is out of fold (:func:`halwatch.detectors.base.cross_fit`), with folds that keep the answers to one
+it). Stacking is out of fold (:func:`halwatch.detectors.crossfit.cross_fit`), with folds that keep the answers to one
 source together: every family model and the token model are fitted on four fifths of the probe and score the fifth
 they did not see, the stacker is fitted on those held-out scores, and the calibration and the thresholds on the
 stacker's own held-out scores. Regularisation is chosen by source-grouped cross-validation everywhere.
@@ -44,7 +44,8 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors import linear, sequence
-from halwatch.detectors.base import Detector, cross_fit
+from halwatch.detectors.base import Detector
+from halwatch.detectors.crossfit import OutOfFold, cross_fit
 from halwatch.detectors.linear import folds_of
 from halwatch.detectors.logistic import sigmoid
 from halwatch.models.forward import whitebox_request
@@ -181,8 +182,10 @@ class Fused(Detector):
         return np.stack(cols, axis=1), names
 
     # ---- fitting ------------------------------------------------------------------------------------------------
-    def fit_parts(self, signals, labels, views, groups=None):
-        """Out-of-fold stacking (module docstring); keeps the held-out scores for the calibration."""
+    def fit_out_of_fold(self, signals, labels, views, groups=None) -> OutOfFold:
+        """Out-of-fold stacking (module docstring): fits the families, the token model and the stacker on the whole
+        probe, and returns the stacker's held-out scores, the held-out token scores, the stacker's inputs (every
+        column scored out of fold: the OOD reference's) and each fold's whole model."""
         labels = np.asarray(labels, dtype=int)
         feats = self.answer_features(signals)
         use_tokens = views is not None and "tokens" not in self.settings["drop"]
@@ -222,32 +225,19 @@ class Fused(Detector):
         held_raw, stackers = cross_fit(folds, lambda tr: linear.fit(stack_x[tr], labels[tr], C=self.stacker["C"],
                                                                     weights=w[tr]),
                                        lambda m, held: linear.logodds(m, stack_x[held]), n)
-        self._held_out = (np.array(held_raw, dtype=float), held_tokens)
         # each fold's whole model (its families, token model and stacker), to score the answers it did not see
-        # as scoring sees them (Detector._as_scored)
-        self._fold_models = [({"families": {name: models[k][0] for name, (_, models) in by_family.items()},
-                               "token_model": None if token_models is None else token_models[k][0],
-                               "stacker": stackers[k][0], "columns": self.columns}, held)
-                             for k, (_, held) in enumerate(stackers)]
-        self.held_out_inputs = stack_x  # the stacker's training inputs: every column scored out of fold
+        # as scoring sees them (crossfit.as_scored)
+        folds_fitted = []
+        for k, (_, held) in enumerate(stackers):
+            copy = self.fold_copy()
+            copy.set_state({"families": {name: models[k][0] for name, (_, models) in by_family.items()},
+                            "token_model": None if token_models is None else token_models[k][0],
+                            "stacker": stackers[k][0], "columns": self.columns})
+            folds_fitted.append((copy, held))
         # the parts used at scoring time, fitted on the whole probe
         self.families = {name: linear.fit(feats[name], labels, C=c, weights=w) for name, c in chosen.items()}
         self.token_model = token_fit(np.arange(n), token_C) if use_tokens else None
-
-    def held_out_scores(self, signals, labels, views, groups=None):
-        held, self._held_out = self._held_out, None
-        return held
-
-    def fold_models(self):
-        out = []
-        for state, held in self._fold_models:  # (each fold's state, kept by fit_parts)
-            copy = self.fold_copy()
-            copy.set_state(state)
-            out.append((copy, held))
-        return out
-
-    def ood_inputs_held_out(self, signals, raw):
-        return self.held_out_inputs
+        return OutOfFold(np.array(held_raw, dtype=float), held_tokens, stack_x, folds_fitted)
 
     # ---- scoring ------------------------------------------------------------------------------------------------
     def _stack_inputs(self, signals, tokens=None) -> np.ndarray:

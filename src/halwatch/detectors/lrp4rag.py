@@ -123,12 +123,13 @@ class LRP4RAG(Detector):
         extra = {"epochs": s["epochs"]} if s["classifier"] == "lstm" else {}
         return classifiers.fit(s["classifier"], x, labels, seed=s["seed"], **extra)
 
-    def decision_threshold(self, probs, labels, strata=None):
+    def own_threshold(self):
         """The classifier's own decision (SVM decision value 0, probability 0.5 for the others), as the paper's
-        predictions are; the threshold method searches the probe data for the best F1 (section 4.4.2)."""
+        predictions are; the threshold method searches the probe data for the best F1 (section 4.4.2: the decision
+        rule's)."""
         kind = self.settings["classifier"]
         if kind == "threshold":
-            return super().decision_threshold(probs, labels, strata)
+            return None
         return float(self.calibrator.transform(np.array([0.0 if kind == "svm" else 0.5]))[0])
 
     def raw_scores(self, signals):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, check_confidence, groups_of, warn_precision
+from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, groups_of, warn_precision
 from halwatch.detectors.calibration import MIN_FOR_SHARE
 from halwatch.detectors.fused import Fused, signal_request
 from halwatch.detectors.logistic import logit
@@ -264,16 +264,8 @@ class Routed(Detector):
             [s.task for s in signals], lambda part, idx: part.continuation_scores([signals[i] for i in idx], start),
             len(signals)))
 
-    def ood(self, signals):
-        return self._per_part([s.task for s in signals],
-                              lambda part, idx: part.ood([signals[i] for i in idx]) or [None] * len(idx),
-                              len(signals))
-
     def token_spans(self, view, tokens, prob, min_confidence: float = 0.0):
         return self.for_task(task_of(view.sample)).token_spans(view, tokens, prob, min_confidence)
-
-    def spans_from(self, view, signals, prob=None, min_confidence: float = 0.0):
-        return self.for_task(task_of(view.sample)).spans_from(view, signals, prob, min_confidence)
 
     def verdicts(self, views, signals, min_span_confidence: float | None = None) -> list[dict]:
         """:meth:`Detector.verdicts` of each answer's part, with the part's threshold, and ``task``: the part
@@ -362,6 +354,6 @@ class Routed(Detector):
         det.identity = dict(det.parts[det.settings["fallback"]].identity)
         if scorer is not None and det.identity:  # one warning for the whole artifact, not one per part
             warn_precision(d["detector"], det.identity, scorer)
-        det.min_span_confidence = check_confidence(d.get("min_span_confidence", 0.0))
+        det.min_span_confidence = d.get("min_span_confidence", 0.0)
         det.fitted_on = d.get("fitted_on", {})
         return det

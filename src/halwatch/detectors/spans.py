@@ -204,3 +204,69 @@ def describe_rule(rule: dict) -> str:
     """One line for people: ``gap 8, gated, verdict only``."""
     return ", ".join([f"gap {rule['gap']}"] + (["gated"] if rule.get("gate") else [])
                      + (["verdict only"] if rule.get("verdict") else []))
+
+
+def check_confidence(value) -> float:
+    """A minimum span confidence: a number in [0, 1], or an :class:`InputError` saying so."""
+    from halwatch.errors import InputError
+
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"min_span_confidence must be a number in [0, 1], not {value!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise InputError(f"min_span_confidence must be in [0, 1], not {value:g}")
+    return value
+
+
+class SpanRule:
+    """The part of a detector that turns its token scores into word spans: the token ``threshold``, the ``rule``
+    (``gap``, ``gate``, ``verdict``: the module docstring), the spans' confidence ``calibration`` and the
+    ``min_confidence`` below which spans are left out. Artifact section: ``token_threshold``, ``span_rule``,
+    ``span_calibration``, ``min_span_confidence``. Unfitted (no threshold), it gives no spans."""
+
+    def __init__(self):
+        self.threshold: float | None = None
+        self.rule: dict = dict(PLAIN)
+        self.calibration: dict | None = None
+        self.min_confidence = 0.0
+
+    def fit(self, tokens: list, probs: np.ndarray, labels, views: list | None, decision: float) -> dict | None:
+        """Fit on the probe's (held-out) token scores and probabilities, ``decision`` the answer threshold: where
+        the probe has gold spans (``views`` given), the rule with the best character span F1 (:func:`fit_span_rule`)
+        and the spans' confidence (:func:`fit_span_confidence`), returning the probe figures; otherwise the plain
+        rule at the 95th percentile of token scores in grounded probe responses (a token is flagged when it is
+        rarer than that in grounded answers), returning ``None``."""
+        if views is not None:
+            keep = [i for i, v in enumerate(views) if v.has_token_labels]  # not answers flagged without spans
+            tokens, views, probs = [tokens[i] for i in keep], [views[i] for i in keep], probs[keep]
+            self.threshold, self.rule, fit = fit_span_rule(tokens, views, probs, decision)
+            self.calibration, fit["confidence"] = fit_span_confidence(tokens, views, probs, decision,
+                                                                      self.threshold, self.rule)
+            return fit
+        grounded = [t for t, label in zip(tokens, labels) if label == 0]
+        self.threshold, self.rule = float(np.quantile(np.concatenate(grounded), 0.95)), dict(PLAIN)
+        return None
+
+    def spans(self, view: TokenView, tokens, prob: float, decision: float, min_confidence: float | None = None
+              ) -> list[dict]:
+        """The flagged word spans of one response (``tokens``: its token scores, ``None`` for a method without
+        them), ``prob`` its probability and ``decision`` the threshold, both on the scale the rule was fitted on;
+        spans below ``min_confidence`` (default :attr:`min_confidence`) left out."""
+        if tokens is None or self.threshold is None:
+            return []
+        floor = self.min_confidence if min_confidence is None else min_confidence
+        return rule_spans(view, tokens, prob, decision, self.threshold, self.rule, self.calibration, floor)
+
+    def to_dict(self) -> dict:
+        return {"token_threshold": self.threshold, "span_rule": self.rule, "span_calibration": self.calibration,
+                "min_span_confidence": self.min_confidence}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpanRule":
+        part = cls()
+        part.threshold = d.get("token_threshold")
+        part.rule = {**PLAIN, **d.get("span_rule", {})}  # artifacts from before the rule: the plain one
+        part.calibration = d.get("span_calibration")
+        part.min_confidence = check_confidence(d.get("min_span_confidence", 0.0))
+        return part
