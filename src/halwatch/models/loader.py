@@ -21,16 +21,6 @@ log = logging.getLogger("halwatch")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def add_device_options(parser) -> None:
-    """``--device`` and ``--dtype`` on a command that loads a model (:func:`load_model`'s choices)."""
-    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]|mps",
-                        help="where the model runs (default auto: the GPU where there is one, else the CPU)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="the model's precision (default auto: $HALWATCH_DTYPE where set, else bfloat16 on a "
-                             "GPU or CPU that computes it natively, float16 on other GPUs and MPS, float32 on other "
-                             "CPUs)")
-
-
 def resolve_device(device: str = "auto") -> str:
     """``auto``: the first CUDA GPU, else Apple's MPS, else the CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` are
     checked against what this machine has."""

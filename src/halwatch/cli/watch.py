@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from halwatch.cli.options import add_device_options
 from halwatch.errors import HalwatchError
-from halwatch.models.loader import add_device_options
 from halwatch.progress import note
 from halwatch.serve.common import add_server_options
 from halwatch.watchdog.monitor import EPSILON
@@ -170,7 +170,8 @@ def cmd_watch(args) -> int:
     elif args.watch_cmd == "curve":
         print(json.dumps(run.curves(args.store, args.last, args.out), indent=1))
     elif args.watch_cmd == "serve-llm":
-        from halwatch.serve.common import api_key_from, check_bind, configure_access_log, serve
+        from halwatch.serve.common import api_key_from, check_bind, serve
+        from halwatch.serve.gate import configure_access_log
         from halwatch.serve.llm import build_app
 
         key = api_key_from(args.api_key_env)
