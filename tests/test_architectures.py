@@ -11,7 +11,7 @@ import torch
 
 from halwatch.detectors import DETECTORS, create_detector
 from halwatch.errors import ModelError
-from halwatch.models import forward
+from halwatch.models import capture, forward
 from halwatch.models.forward import whitebox_request
 from halwatch.models.loader import ScoringModel
 from halwatch.models.signal_types import SignalRequest
@@ -94,7 +94,7 @@ EVERY_DETECTOR_ON = ("gemma2", "gpt_neox", "qwen2")
 
 
 @pytest.mark.parametrize("arch", EVERY_DETECTOR_ON)
-def test_every_detector_fits_and_scores(arch, smol, probe_by_size, tmp_path):
+def test_every_detector_fits_and_scores(spans_of, arch, smol, probe_by_size, tmp_path):
     """Every detector of halwatch fits on the 5 + 5 shortest probe answers scored by this architecture and scores
     held-out ones (the sampling baselines with two short samples each)."""
     tiny = tiny_model(arch, smol.tokenizer)
@@ -117,7 +117,7 @@ def test_every_detector_fits_and_scores(arch, smol, probe_by_size, tmp_path):
         try:
             det.fit(train)
             probs = det.score(held_out)
-            spans = det.spans(held_out[0])
+            spans = spans_of(det, held_out[0])
         except Exception as exc:  # noqa: BLE001 - every detector's failure is reported, not only the first
             failed[name] = f"{type(exc).__name__}: {exc}"
             continue
@@ -150,7 +150,7 @@ def test_batched_signals_equal_one_at_a_time(tiny, probe_by_size, monkeypatch):
     batch at once, as on a GPU."""
     from halwatch.models.relevance import RelevanceRequest
 
-    monkeypatch.setattr(forward, "CPU_GROUP", None)
+    monkeypatch.setattr(capture, "CPU_GROUP", None)
 
     samples = probe_by_size[:3]
     relevance = "lrp4rag" not in REFUSED.get(tiny.name.removeprefix("tiny-"), {})

@@ -35,7 +35,7 @@ def test_ragtruth_chat_is_ragtruths_prompt_as_a_chatml_user_turn(smol):
     tokenizer) with the context span on the same passages; the benchmark's `chat` rendering is the same text, so
     one cached pass serves both."""
     from halwatch.data.splits import split_of
-    from halwatch.eval.protocols import dataset_names, load_dataset
+    from halwatch.eval.datasets import dataset_names, load_dataset
 
     assert "ragtruth-chat:all" in dataset_names()
     plain, generator = load_dataset("ragtruth:llama-2-13b-chat")

@@ -218,7 +218,7 @@ def check_token_stats(device, dtype):
     got = stats_kernel.token_stats(*on)
     stats_kernel.KERNEL.drop(RuntimeError("the loop, for the comparison"))
     try:
-        loop = forward._token_stats(on[0], views, first_logit, *on[1:])
+        loop = forward.token_stats(on[0], views, first_logit, *on[1:])
     finally:
         stats_kernel.KERNEL.reset()
     for a, b, c in zip(got, loop, want):
@@ -231,7 +231,7 @@ def check_token_stats(device, dtype):
 def test_scoring_passes_with_and_without_the_kernels_agree(probe, monkeypatch):
     """The default detector's signals of real answers on a GPU, through both kernels and through the torch paths."""
     pytest.importorskip("triton")
-    from halwatch.models import forward
+    from halwatch.models.capture import Capture
     from halwatch.models.forward import whitebox_request
     from halwatch.models.loader import load_model
     from halwatch.scorer import Scorer
@@ -240,7 +240,7 @@ def test_scoring_passes_with_and_without_the_kernels_agree(probe, monkeypatch):
     request = whitebox_request(scorer.model)
     samples = probe[:6]
     fused = scorer.signals(samples, request)
-    monkeypatch.setattr(forward._Capture, "_fusable", lambda *a: False)
+    monkeypatch.setattr(Capture, "_fusable", lambda *a: False)
     monkeypatch.setattr(prim_kernel.KERNEL, "get", lambda: None)
     monkeypatch.setattr(stats_kernel.KERNEL, "get", lambda: None)
     plain = scorer.signals(samples, request)

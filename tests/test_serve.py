@@ -16,8 +16,9 @@ import pytest
 
 from halwatch.client import AsyncClient, BadRequest, Busy, Client, NotFound, TooLarge, Unauthorized
 from halwatch.data.jsonl import write_jsonl
-from halwatch.serve.common import Running, Worker
+from halwatch.serve.common import Running
 from halwatch.serve.scoring import Limits, build_app
+from halwatch.serve.worker import Worker
 
 INSULIN = {"context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
            "question": "Which cells produce insulin?"}

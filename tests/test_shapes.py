@@ -101,7 +101,7 @@ def test_cap_per_source_alternates_labels():
 
 
 def test_a_dataset_name_can_set_its_cap_per_source():
-    from halwatch.eval.protocols import load_dataset
+    from halwatch.eval.datasets import load_dataset
 
     capped, _ = load_dataset("summedits")
     every, _ = load_dataset("summedits@all")
@@ -165,7 +165,7 @@ def test_squad_shapes_through_ragtruths_prompt():
     """`squad-shapes-ragtruth`: each SQuAD-built answer in RAGTruth's own QA prompt, whose instruction lines are read
     from RAGTruth's source file (all but the passage count: one passage here, three there); the context is marked,
     and the answer, label, spans, split and source are those of the `qa` rendering."""
-    from halwatch.eval.protocols import load_dataset
+    from halwatch.eval.datasets import load_dataset
 
     with gzip.open(data_root() / "ragtruth" / "source_info.qa.jsonl.gz", "rt", encoding="utf-8") as f:
         prompts = [json.loads(line)["prompt"] for line in f]

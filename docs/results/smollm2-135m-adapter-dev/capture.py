@@ -9,13 +9,12 @@ import sys
 import time
 
 import torch
+from adapter import DEPTH, START, head_layout
 
 from halwatch.data.splits import split_of
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
-
-from adapter import DEPTH, START, head_layout
 
 
 class Stop(Exception):

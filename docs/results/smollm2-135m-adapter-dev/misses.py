@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from train import spans_of
 
 from halwatch.data.splits import split_of
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
-from train import spans_of
 
 
 def main(work, tag):

@@ -7,15 +7,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from compare import routed_dev
 from scipy.special import logit
 from sklearn.metrics import roc_auc_score
 
 from halwatch.data.splits import split_of
 from halwatch.detectors import linear
 from halwatch.detectors.base import cross_fit
-from halwatch.eval.protocols import load_dataset
-
-from compare import routed_dev
+from halwatch.eval.datasets import load_dataset
 
 
 def main(work, tag, seeds=5):

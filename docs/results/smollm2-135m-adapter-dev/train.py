@@ -12,15 +12,15 @@ import time
 
 import numpy as np
 import torch
-from sklearn.metrics import average_precision_score, roc_auc_score
+from adapter import Adapter
 from scipy.special import expit
+from sklearn.metrics import average_precision_score, roc_auc_score
 from torch.nn import functional as F
 
-from adapter import Adapter
 from halwatch.data.splits import split_of
 from halwatch.detectors.spans import fit_span_rule, rule_spans
+from halwatch.eval.datasets import load_dataset
 from halwatch.eval.metrics import span_scores
-from halwatch.eval.protocols import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
 

@@ -7,7 +7,7 @@ import sys
 
 from halwatch.data.jsonl import read_jsonl, sample_record, write_jsonl
 from halwatch.data.splits import source_fraction, split_of
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 
 OUT = {"ragtruth:all": "ragtruth-third.jsonl", "ragtruth-qa:all": "ragtruth-qa-third.jsonl",
        "ragtruth-chat:all": "ragtruth-chat-third.jsonl"}

@@ -5,7 +5,7 @@ text after the prompt: end of the user turn and the assistant header)."""
 import sys
 
 import halwatch.eval.invariance as inv
-from halwatch.eval.protocols import in_chat_template, wrapped_prompt
+from halwatch.eval.datasets import in_chat_template, wrapped_prompt
 
 _render = inv.render
 

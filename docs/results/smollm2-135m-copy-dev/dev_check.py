@@ -19,8 +19,8 @@ from sklearn.metrics import roc_auc_score
 from halwatch.data.splits import split_of
 from halwatch.detectors import create_detector
 from halwatch.detectors.fused import signal_request
+from halwatch.eval.datasets import load_dataset
 from halwatch.eval.metrics import evaluate, span_scores
-from halwatch.eval.protocols import load_dataset
 from halwatch.scorer import Scorer
 
 

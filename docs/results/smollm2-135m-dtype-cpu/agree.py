@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 from halwatch.data.splits import split_of
 from halwatch.detectors import load_detector
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 from halwatch.sample import task_of
 from halwatch.scorer import Scorer
 

@@ -23,8 +23,8 @@ import numpy as np
 from halwatch.data.splits import split_of
 from halwatch.detectors import create_detector
 from halwatch.detectors.fused import signal_request
+from halwatch.eval.datasets import load_dataset
 from halwatch.eval.metrics import evaluate, span_scores
-from halwatch.eval.protocols import load_dataset
 from halwatch.models.forward import tail_start
 from halwatch.scorer import Scorer
 from halwatch.signals import support

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from halwatch.data.splits import split_of
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 from halwatch.models.loader import load_model
 from halwatch.tokens import encode
 

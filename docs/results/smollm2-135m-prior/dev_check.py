@@ -16,8 +16,8 @@ from scipy.special import expit
 from halwatch.data.splits import split_of
 from halwatch.detectors.calibration import estimate_prior, estimated_share, logit
 from halwatch.errors import InputError
+from halwatch.eval.datasets import load_dataset
 from halwatch.eval.metrics import expected_calibration_error as ece
-from halwatch.eval.protocols import load_dataset
 
 PARTS = {"qa": ["ragtruth:all", "ragtruth-qa:all", "squad-shapes", "squad-shapes-ragtruth"],
          "dialogue": ["begin", "faithdial"], "summary": ["diasumfact", "summedits", "xsum-hallucination"]}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from halwatch.eval.protocols import load_dataset
+from halwatch.eval.datasets import load_dataset
 
 HERE = Path(__file__).parent
 OLD = HERE.parent / "smollm2-135m-summary-dev" / "predictions.jsonl"

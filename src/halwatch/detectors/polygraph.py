@@ -187,18 +187,15 @@ def _run(scoring_model, ids: list[int], recorder: _AttentionRows, logits_to_keep
     import torch
 
     from halwatch.models import forward
+    from halwatch.models.capture import capturing
 
     model = scoring_model.model
     if getattr(model.config, "_attn_implementation", None) != forward.ATTN_IMPLEMENTATION:
         forward.install(model)
     device = getattr(model, "device", "cpu")
-    token = forward._ACTIVE.set(recorder)  # the capture hook that halwatch's attention function calls per layer
-    try:
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=logits_to_keep, use_cache=False)
-    finally:
-        forward._ACTIVE.reset(token)
-    return out
+    # the capture hook that halwatch's attention function calls per layer
+    with capturing(recorder), torch.inference_mode():
+        return model(input_ids=torch.tensor([ids], device=device), logits_to_keep=logits_to_keep, use_cache=False)
 
 
 def teacher_forced_stats(scoring_model, view, attention: bool = True) -> dict:

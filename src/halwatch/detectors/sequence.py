@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from halwatch.detectors.classifiers import pack, unpack
-from halwatch.models.forward import upload
+from halwatch.models.transfer import upload
 from halwatch.tokens import runs_within
 
 HIDDEN = 32

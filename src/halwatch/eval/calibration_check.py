@@ -18,8 +18,9 @@ import numpy as np
 
 from halwatch.detectors.calibration import estimate_prior, estimated_share
 from halwatch.errors import InputError
+from halwatch.eval.datasets import load_dataset
 from halwatch.eval.metrics import expected_calibration_error
-from halwatch.eval.protocols import load_dataset, source_commit
+from halwatch.eval.protocols import source_commit
 
 
 def halves(samples, seed: int) -> tuple[np.ndarray, np.ndarray]:

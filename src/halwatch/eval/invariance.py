@@ -49,14 +49,14 @@ def shuffled_passages(sample: Sample, seed: int = 0) -> Sample:
 def in_inst_wrapping(sample: Sample) -> Sample:
     """``sample``'s prompt as ``[INST] PROMPT [/INST]`` (Llama-2-chat's and Mistral-Instruct's user turn without a
     system message), the context span moved with it."""
-    from halwatch.eval.protocols import wrapped_prompt
+    from halwatch.eval.datasets import wrapped_prompt
 
     return wrapped_prompt(sample, "[INST] ", " [/INST]", "inst")
 
 
 def render(sample: Sample, how: str, tokenizer=None, seed: int = 0) -> Sample:
     """One RAGTruth sample in rendering ``how`` (:data:`RENDERINGS`)."""
-    from halwatch.eval.protocols import as_qa_template, in_chat_template
+    from halwatch.eval.datasets import as_qa_template, in_chat_template
 
     if how == "ragtruth":
         return sample
@@ -123,14 +123,15 @@ def run_invariance(detector: str = "default", dataset: str = "ragtruth:all", spl
     from halwatch.data.splits import split_of
     from halwatch.detectors import load_detector
     from halwatch.errors import InputError
-    from halwatch.eval.protocols import _subset, load_dataset
+    from halwatch.eval.datasets import load_dataset
+    from halwatch.eval.folds import subset
 
     if not dataset.startswith("ragtruth:"):
         raise InputError("the invariance benchmark renders RAGTruth answers: give --datasets ragtruth:GENERATOR")
     det = load_detector(detector, **(scorer_options or {"cache": True}))
     samples = [s for s in load_dataset(dataset)[0] if split_of(s) == split]
     labels = np.array([s.label for s in samples])
-    picked = [samples[i] for i in _subset(np.arange(len(samples)), labels, n, seed)]
+    picked = [samples[i] for i in subset(np.arange(len(samples)), labels, n, seed)]
     result = {"detector": detector, "dataset": dataset, "split": split, "seed": seed, **invariance(det, picked,
                                                                                                   seed=seed)}
     print(f"template invariance of {detector} on {result['n']} answers of {dataset} ({split} split), against "

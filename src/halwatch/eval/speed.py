@@ -29,7 +29,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn, repeats: int, warm_up: bool = True) -> float:
+def median_seconds(fn, repeats: int, warm_up: bool = True) -> float:
     if warm_up:
         fn()
     times = []
@@ -207,7 +207,7 @@ def forward_split(pipeline, n: int = 32, batches=(1, 8, 32), seed: int = 0, out=
         finally:
             clock.close()
         batched = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-        plain_s = _timed(lambda: plain_forward(sm, views, batched), 1, warm_up=False)
+        plain_s = median_seconds(lambda: plain_forward(sm, views, batched), 1, warm_up=False)
         row = {"batch": size, "answers": n, "total_s": total / n, "inside_s": clock.seconds / n,
                "outside_s": (total - clock.seconds) / n, "plain_forward_s": plain_s / n}
         row["outside_share"] = row["outside_s"] / row["inside_s"]
@@ -244,7 +244,7 @@ def batched_rate(pipeline, n: int | None = None, repeats: int = 3, seed: int = 0
         throughput(pipeline, samples[:8], None)  # warm-up
         whole = sorted(throughput(pipeline, samples, None) for _ in range(repeats))[repeats // 2]
     batches = scorer.batches([len(v.input_ids) for v in views], None)
-    forward_rate = len(samples) / _timed(lambda: plain_forward(sm, views, batches), repeats)
+    forward_rate = len(samples) / median_seconds(lambda: plain_forward(sm, views, batches), repeats)
     row = {"answers": len(samples), "batches": len(batches), "processes": processes, "answers_per_s": whole,
            "plain_forward_answers_per_s": forward_rate, "ratio": whole / forward_rate}
     who = f"{processes} processes together" if processes > 1 else "one process"
@@ -381,10 +381,7 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
 
     import torch
 
-    from halwatch.models import forward
     from halwatch.models.loader import load_model
-    from halwatch.models.signal_types import SignalRequest
-    from halwatch.scorer import Scorer
 
     logging.getLogger("halwatch").setLevel(logging.ERROR)  # the cut-prompt warnings are expected here
     if "peer" in parts:  # two whole processes of their own: nothing loaded here
@@ -398,24 +395,54 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
     where = f"{shared.device}, {shared.dtype}"
     if shared.device.type == "cuda":
         where += f", {torch.cuda.get_device_name(shared.device)}"
-    if "lengths" not in parts:
+    results = {"model": model, "device": where}
+    default = default_pipeline(shared)
+    if "lengths" in parts:
+        peak_ours = results["peak_rss_mb_ours"] = length_table(shared, default, lengths, repeats, results, out)
+        if answers:
+            rates = results["answers_per_s"] = answers_per_second(default, answers)
+            out(f"default detector on {answers} RAGTruth test answers: {rates['one_at_a_time']:.2f} answers/s one "
+                f"at a time, {rates['batched']:.2f} answers/s in batches of similar length (--batch-size auto)")
+    else:
         out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads)")
-        results = {"model": model, "device": where}
-        default = default_pipeline(shared)
-        if "split" in parts:
-            results["split"] = forward_split(default, answers, batches, out=out)
-        if "batched" in parts:
-            results["batched"] = batched_rate(default, batched_answers, repeats, out=out, processes=processes)
-        if "phases" in parts:
-            results["phases"] = phases(default, batched_answers, phase_batch, out=out)
+    if "split" in parts:
+        results["split"] = forward_split(default, answers, batches, out=out)
+    if "batched" in parts:
+        results["batched"] = batched_rate(default, batched_answers, repeats, out=out, processes=processes)
+    if "phases" in parts:
+        results["phases"] = phases(default, batched_answers, phase_batch, out=out)
+    if "lengths" not in parts:
         return results
+    out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
+        f"after the eager runs: {_peak_rss_mb():.0f} MB")
+    if shared.device.type == "cuda":
+        results["peak_gpu_mb"] = torch.cuda.max_memory_allocated(shared.device) / 2**20
+        out(f"peak GPU memory allocated: {results['peak_gpu_mb']:.0f} MB")
+    out("plain: SDPA forward, one logit; HF fwd: model(input_ids) as transformers runs it (SDPA, the logits of every "
+        "position); +stats: response log-probs and entropies; +capture all heads: also the response-token "
+        "attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA artifact's heads; "
+        f"default: scoring with the shipped default ({default.detector.name}): its signals, score and spans; eager: "
+        "transformers' output_attentions=True (all maps)")
+    return results
+
+
+def length_table(shared, default, lengths, repeats: int, results: dict, out=print) -> float:
+    """The table of forward times by input length (plain, transformers' own, with token statistics, capturing every
+    head, TOHA's heads, the shipped default, eager attention maps) with the load times and ripser's check, into
+    ``results``; the peak memory (MB) before any eager run."""
+    import torch
+
+    from halwatch.models import forward
+    from halwatch.models.signal_types import SignalRequest
+    from halwatch.scorer import Scorer
+
+    model, where = results["model"], results["device"]
     t_import, t_first, t_again = _load_seconds(model, str(shared.device), shared.dtype)
     out(f"model {model} on {where} ({torch.get_num_threads()} CPU threads): import torch+transformers "
         f"{t_import:.2f} s; load from cache {t_first:.2f} s in a fresh process (with transformers' lazy imports), "
         f"{t_again:.2f} s once those are imported")
     samples = speed_samples(lengths)
-    results = {"model": model, "device": where, "import_s": t_import, "load_s": t_first, "reload_s": t_again,
-               "threads": torch.get_num_threads(), "lengths": {}}
+    results.update(import_s=t_import, load_s=t_first, reload_s=t_again, threads=torch.get_num_threads(), lengths={})
     scorers = {n: Scorer(model=shared, max_tokens=n, cache=None) for n in lengths}
     for n in lengths:  # our paths first, for all lengths, so that their peak memory is not the eager runs'
         scorer = scorers[n]
@@ -424,23 +451,22 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         row = {"tokens": len(view.input_ids), "response_tokens": view.n_response}
         for key, request in (("plain_s", SignalRequest()), ("stats_s", SignalRequest(token_stats=True)),
                              ("capture_all_s", SignalRequest(token_stats=True, heads=sm.all_heads()))):
-            row[key] = _timed(lambda: forward.run(sm, [view], request), repeats)
+            row[key] = median_seconds(lambda: forward.run(sm, [view], request), repeats)
         row["view"] = view
         results["lengths"][n] = row
     heads = toha_heads(shared.name)
     toha_request = SignalRequest(heads=tuple(heads), reducers=("mtopdiv",))
-    default = default_pipeline(shared)
     for n in lengths:
         row = results["lengths"][n]
         view = row["view"]
-        row["toha_s"] = _timed(lambda: forward.run(shared, [view], toha_request), repeats)
+        row["toha_s"] = median_seconds(lambda: forward.run(shared, [view], toha_request), repeats)
 
         def hf_forward():
             with torch.inference_mode():
                 shared.model(input_ids=torch.tensor([view.input_ids], device=shared.device), use_cache=False)
 
-        row["hf_s"] = _timed(hf_forward, repeats)
-        row["default_s"] = _timed(lambda: default.score([[view]]), repeats)
+        row["hf_s"] = median_seconds(hf_forward, repeats)
+        row["default_s"] = median_seconds(lambda: default.score([[view]]), repeats)
     peak_ours = _peak_rss_mb()
     toha_col = f"TOHA {len(heads)} heads"
     out(f"{'tokens':>6} {'resp':>5} {'plain':>8} {'HF fwd':>8} {'+stats':>8} {'+capture all heads':>19} "
@@ -460,109 +486,11 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
 
         sm.model.set_attn_implementation("eager")
         try:
-            row["eager_s"] = _timed(eager, repeats)
+            row["eager_s"] = median_seconds(eager, repeats)
         finally:
             forward.install(sm.model)
         out(f"{row['tokens']:>6} {row['response_tokens']:>5} {row['plain_s']:>7.2f}s {row['hf_s']:>7.2f}s "
             f"{row['stats_s']:>7.2f}s {row['capture_all_s']:>18.2f}s {row['toha_s']:>13.2f}s "
             f"{row['toha_s'] / row['plain_s']:>9.2f}x {row['default_s']:>8.2f}s "
             f"{row['default_s'] / row['hf_s']:>9.2f}x {row['eager_s']:>15.2f}s")
-    results["peak_rss_mb_ours"] = peak_ours
-    if answers:
-        results["answers_per_s"] = answers_per_second(default, answers)
-        rates = results["answers_per_s"]
-        out(f"default detector on {answers} RAGTruth test answers: {rates['one_at_a_time']:.2f} answers/s one at a "
-            f"time, {rates['batched']:.2f} answers/s in batches of similar length (--batch-size auto)")
-    if "split" in parts:
-        results["split"] = forward_split(default, answers, batches, out=out)
-    if "batched" in parts:
-        results["batched"] = batched_rate(default, batched_answers, repeats, out=out, processes=processes)
-    out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
-        f"after the eager runs: {_peak_rss_mb():.0f} MB")
-    if shared.device.type == "cuda":
-        results["peak_gpu_mb"] = torch.cuda.max_memory_allocated(shared.device) / 2**20
-        out(f"peak GPU memory allocated: {results['peak_gpu_mb']:.0f} MB")
-    out("plain: SDPA forward, one logit; HF fwd: model(input_ids) as transformers runs it (SDPA, the logits of every "
-        "position); +stats: response log-probs and entropies; +capture all heads: also the response-token "
-        "attention rows of every head; TOHA: forward + capture + MTop-Div of the default TOHA artifact's heads; "
-        f"default: scoring with the shipped default ({default.detector.name}): its signals, score and spans; eager: "
-        "transformers' output_attentions=True (all maps)")
-    return results
-
-
-def relevance_view(scorer, prompt_tokens: int, response_tokens: int):
-    """The token view of a real RAGTruth QA prompt cut to ``prompt_tokens`` and a real answer cut to
-    ``response_tokens`` tokens."""
-    from halwatch.data.ragtruth import read_ragtruth
-    from halwatch.sample import Sample
-
-    base = speed_samples([prompt_tokens])[prompt_tokens]
-    longest = max(read_ragtruth(split="test", generator="llama-2-7b-chat"), key=lambda s: len(s.response))
-    tokenizer = scorer.model.tokenizer
-    response = tokenizer.decode(tokenizer(longest.response, add_special_tokens=False)["input_ids"][:response_tokens])
-    return scorer.encode(Sample(id="relevance-speed", prompt=base.prompt, response=response,
-                                context_span=base.context_span))
-
-
-def run_relevance_speed(model: str = "smollm2-135m", prompt_tokens: int = 512, response_tokens: int = 128,
-                        repeats: int = 3, out=print) -> dict:
-    """``halwatch bench relevance``: the LRP4RAG relevance pass against one forward + backward pass, and the
-    conservation of relevance by each method."""
-    import logging
-
-    import torch
-
-    from halwatch.models import forward
-    from halwatch.models import relevance as lrp
-    from halwatch.models.relevance import RelevanceRequest
-    from halwatch.models.signal_types import SignalRequest
-    from halwatch.scorer import Scorer
-
-    logging.getLogger("halwatch").setLevel(logging.ERROR)
-    scorer = Scorer(model=model, max_tokens=prompt_tokens + response_tokens, cache=None)
-    sm = scorer.model
-    view = relevance_view(scorer, prompt_tokens, response_tokens)
-    forward.install(sm.model)
-    ids = torch.tensor([view.input_ids])
-
-    def forward_backward():
-        with torch.enable_grad():
-            embeds = sm.model.get_input_embeddings()(ids).detach().requires_grad_()
-            logits = sm.model(inputs_embeds=embeds, logits_to_keep=view.n_response + 1).logits
-            values, _ = lrp.targets(logits, [view], len(view.input_ids) - view.n_response - 1, "token")
-            torch.autograd.grad(values.sum(), embeds)
-
-    def relevance(method, rows, batched=None):
-        request = SignalRequest(relevance=RelevanceRequest(method=method, rows=rows))
-        lrp.BATCHED = batched
-        try:
-            return forward.run(sm, [view], request)[0]
-        finally:
-            lrp.BATCHED = None
-
-    results = {"model": sm.name, "threads": torch.get_num_threads(), "device": str(sm.model.device),
-               "tokens": len(view.input_ids), "prompt_tokens": view.n_prompt, "response_tokens": view.n_response}
-    base = _timed(forward_backward, repeats)
-    results["forward_backward_s"] = base
-    out(f"model {sm.name} on {results['device']} ({results['threads']} threads): prompt {view.n_prompt} tokens, "
-        f"response {view.n_response} tokens; one forward + backward pass {base:.2f} s")
-    out(f"{'what':<58} {'seconds':>8} {'x fwd+bwd':>10}")
-    timings = [
-        ("lrp: R^prompt + R^response (eq. 5-6), 1 backward + 1 JVP", "lrp", 0, None, repeats),
-        ("ixg: R^prompt + R^response", "ixg", 0, None, repeats),
-        ("lrp: + R* resampled to 16 response rows (LSTM input)", "lrp", 16, None, 1),
-        (f"lrp: whole R* ({view.n_response} rows), one backward per row", "lrp", -1, False, 1),
-        (f"lrp: whole R*, vmapped batches of {lrp.SEED_CHUNK} rows", "lrp", -1, True, 1),
-    ]
-    for label, method, rows, batched, n in timings:
-        seconds = _timed(lambda: relevance(method, rows, batched), n, warm_up=n > 1)
-        results[label] = seconds
-        out(f"{label:<58} {seconds:>7.2f}s {seconds / base:>9.1f}x")
-    out("conservation: sum of input relevance (all input tokens) against the explained logit, mean over the "
-        "response tokens")
-    for method in ("lrp-cp", "lrp", "ixg"):
-        r = relevance(method, 0).relevance
-        total, logit = float(r["mean"].sum()), float(r["logits"].mean())
-        results[f"conservation_{method}"] = (total - logit) / logit
-        out(f"  {method:<7} relevance {total:8.3f}  logit {logit:8.3f}  relative error {(total - logit) / logit:+.2e}")
-    return results
+    return peak_ours

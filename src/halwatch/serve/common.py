@@ -7,9 +7,9 @@ pydantic + uvicorn stack with
   bodies sent without a length (chunked);
 - an optional API key from an environment variable, accepted as ``Authorization: Bearer KEY`` or ``X-API-Key``,
   compared in constant time (401 with ``WWW-Authenticate``); the page, ``/docs`` and the probes need none;
-- admission control by the tokens of model work (:class:`Worker`): refused at once (429 with ``Retry-After``)
-  rather than left to time out;
-- an access log, one JSON line per request (:func:`configure_access_log`);
+- admission control by the tokens of model work (:class:`halwatch.serve.worker.Worker`): refused at once (429
+  with ``Retry-After``) rather than left to time out;
+- an access log, one JSON line per request (:mod:`halwatch.serve.gate`);
 - ``GET /health/live``, ``GET /health/ready`` (ready once the models are loaded, not while draining) and Prometheus
   ``GET /metrics`` (requests, latency, errors, plus what each server adds);
 - a refusal to listen beyond loopback without a key unless asked (``--insecure``), and a graceful stop: on SIGTERM
@@ -20,10 +20,7 @@ pydantic + uvicorn stack with
 from __future__ import annotations
 
 import asyncio
-import collections
-import hmac
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,13 +29,9 @@ from pydantic import BaseModel, Field
 
 from halwatch.errors import HalwatchError
 from halwatch.net import env_secret, loopback
+from halwatch.serve.gate import Gate, document_security, error_body
 
 log = logging.getLogger("halwatch")
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-               422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error",
-               504: "timeout_error"}
 
 
 def add_server_options(parser, port: int, timeout: float = 300.0, queue_tokens: int = 32768,
@@ -144,11 +137,6 @@ async def read_json(request):
         raise ApiError(400, "the request body is not valid JSON (UTF-8)", "invalid_json") from None
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
-
-
 @dataclass
 class ServerState:
     """What the health and metrics routes report: set ``ready`` once the models are loaded."""
@@ -182,11 +170,8 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
     """A FastAPI app with the shared pieces: error handlers, body limit, auth, health, metrics and request
     metrics. The caller adds its routes and sets ``state.ready`` when its models are loaded. A request whose fields
     fail validation is answered ``invalid_status`` (422; the OpenAI API answers 400)."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     app = FastAPI(lifespan=lifespan, **fastapi_options)
     app.state.server = state
@@ -197,7 +182,7 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
             from fastapi.openapi.utils import get_openapi
 
             doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-            _document_security(doc, api_key is not None)
+            document_security(doc, api_key is not None)
             for patch in app.state.openapi_patches:
                 patch(doc)
             app.openapi_schema = doc
@@ -214,6 +199,20 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
         in_flight=Gauge("halwatch_requests_in_flight", "Requests received and not yet answered", ["route"],
                         registry=registry),
     )
+
+    _add_error_handlers(app, invalid_status)
+    app.add_middleware(Gate, owner=app, max_body_bytes=max_body_bytes, api_key=api_key)
+    _add_health_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app, invalid_status: int) -> None:
+    """Every error as an OpenAI-style body (:func:`halwatch.serve.gate.error_body`): our refusals (:class:`ApiError`),
+    invalid JSON (400) and invalid fields (``invalid_status``), unknown routes and methods, anything unexpected."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     def reply(status: int, message: str, code=None, param=None, headers=None):
         return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
@@ -246,7 +245,11 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return reply(500, f"internal error: {type(exc).__name__}")
 
-    app.add_middleware(_Guard, owner=app, max_body_bytes=max_body_bytes, api_key=api_key)
+
+def _add_health_routes(app, state: ServerState) -> None:
+    """``/health/live``, ``/health/ready`` and Prometheus ``/metrics`` (from ``state.registry``)."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from prometheus_client import generate_latest
 
     @app.get("/health/live", response_model=Status, response_model_exclude_none=True, responses=errors(),
              tags=["health"])
@@ -266,149 +269,7 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
                                                       "description": "Prometheus text format"}}, tags=["health"])
     async def metrics():
         """Prometheus metrics: requests, latency, errors, queue wait and compute, verdicts."""
-        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
-
-    return app
-
-
-#: Paths that need no API key: the health probes, the page and its files, and the API's own documentation (a
-#: browser cannot send a key to load them; the page asks for the key and sends it with its API calls).
-OPEN_PATHS = ("/health/", "/static/")
-OPEN_ROUTES = {"/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-
-access_log = logging.getLogger("halwatch.access")
-
-
-def configure_access_log(where: str | None) -> None:
-    """Send the access log (one JSON line per request) to ``where``: a file path, ``-`` for stderr, or ``off``."""
-    access_log.handlers.clear()
-    access_log.propagate = False
-    if where in (None, "off"):
-        access_log.setLevel(logging.CRITICAL + 1)
-        return
-    handler = logging.StreamHandler() if where == "-" else logging.FileHandler(where, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access_log.addHandler(handler)
-    access_log.setLevel(logging.INFO)
-
-
-def _document_security(doc: dict, required: bool) -> None:
-    """The API-key scheme in the OpenAPI document (bearer or ``X-API-Key``), required on every route that is not
-    open (:data:`OPEN_ROUTES`, :data:`OPEN_PATHS`) when the server has a key."""
-    doc.setdefault("components", {})["securitySchemes"] = {
-        "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY"},
-        "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
-    for path, operations in doc.get("paths", {}).items():
-        for operation in operations.values():
-            operation["security"] = [{"bearer": []}, {"apiKey": []}] if required and not _open(path) else []
-
-
-def _open(path: str) -> bool:
-    return path in OPEN_ROUTES or path.startswith(OPEN_PATHS)
-
-
-class _Guard:
-    """Pure ASGI middleware in front of every route: refuses a bad or oversized ``Content-Length`` and a missing or
-    wrong API key before the body is read, and every request but the probes while the server drains (503); reads a
-    body sent without a length (chunked) up to the limit (413 past it) before the route sees it; records each
-    request's route, status and latency, and writes the access-log line."""
-
-    def __init__(self, app, owner, max_body_bytes: int, api_key: str | None):
-        self.app, self.owner, self.limit, self.key = app, owner, max_body_bytes, api_key
-        self.paths: set[str] | None = None
-
-    def route(self, path: str) -> str:
-        """The metrics label of a path: the path of one of the app's routes, else ``other`` (so that requests for
-        random paths cannot grow the metrics without bound)."""
-        if self.paths is None:
-            self.paths = {getattr(r, "path", "") for r in self.owner.routes}
-        return path if path in self.paths else "other"
-
-    def refusal(self, headers: dict, path: str):
-        """``(status, message, code, extra headers)`` of a request refused before its body is read, or ``None``."""
-        if self.owner.state.server.draining and not path.startswith("/health/"):
-            return 503, "the server is shutting down: retry on another instance", "draining", {"Retry-After": "1"}
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                return 400, f"bad Content-Length {length!r}", "bad_content_length", {}
-            if int(length) > self.limit:
-                return (413, f"request body of {length} bytes is over the limit of {self.limit} bytes (--max-body-"
-                             f"bytes)", "body_too_large", {})
-        if self.key is not None and not _open(path):
-            given = headers.get("x-api-key") or ""
-            auth = headers.get("authorization") or ""
-            if not given and auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not hmac.compare_digest(given.encode(), self.key.encode()):
-                return (401, "missing or wrong API key (Authorization: Bearer KEY or X-API-Key: KEY)",
-                        "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="halwatch"'})
-        return None
-
-    async def _read_chunked(self, receive):
-        """The whole body of a request without ``Content-Length``, or ``None`` when it passes the limit."""
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return [message]
-            size += len(message.get("body", b""))
-            if size > self.limit:
-                return None
-            chunks.append(message)
-            if not message.get("more_body"):
-                return chunks
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        import json
-
-        path, t0, status = scope["path"], time.perf_counter(), [500]
-        route = self.route(path)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        scope["halwatch"] = facts = {}  # what a route adds to its access-log line (items, tokens, timings)
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        async def refuse(code, message, err, extra):
-            body = json.dumps(error_body(code, message, err)).encode()
-            head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")] + [(k.lower().encode(), v.encode()) for k, v in extra.items()]
-            await sending({"type": "http.response.start", "status": code, "headers": head})
-            await send({"type": "http.response.body", "body": body})
-
-        metrics = self.owner.state.server.metrics
-        metrics["in_flight"].labels(route).inc()
-        try:
-            refused = self.refusal(headers, path)
-            if refused is not None:
-                return await refuse(*refused)
-            if "content-length" not in headers and scope.get("method") in ("POST", "PUT", "PATCH"):
-                messages = await self._read_chunked(receive)
-                if messages is None:
-                    return await refuse(413, f"request body is over the limit of {self.limit} bytes "
-                                             f"(--max-body-bytes)", "body_too_large", {})
-
-                async def replay():
-                    return messages.pop(0) if messages else await receive()
-
-                return await self.app(scope, replay, sending)
-            await self.app(scope, receive, sending)
-        finally:
-            elapsed = time.perf_counter() - t0
-            metrics["in_flight"].labels(route).dec()
-            metrics["requests"].labels(route, str(status[0])).inc()
-            metrics["latency"].labels(route).observe(elapsed)
-            if status[0] >= 400:
-                metrics["errors"].labels(route, str(status[0])).inc()
-            if access_log.isEnabledFor(logging.INFO):
-                access_log.info(json.dumps({"time": round(time.time(), 3), "method": scope.get("method"),
-                                            "route": route, "status": status[0], "seconds": round(elapsed, 4),
-                                            **facts}))
+        return PlainTextResponse(generate_latest(state.registry).decode(), media_type="text/plain; version=0.0.4")
 
 
 def _uvicorn_server(app, host: str, port: int, drain_seconds: float, on_started=None):
@@ -472,104 +333,3 @@ async def watch_disconnect(http_request, on_gone, every: float = 0.25) -> None:
             on_gone()
             return
         await asyncio.sleep(every)
-
-
-class Worker:
-    """The one thread that runs a server's model work, in the order it comes, with admission control by cost (tokens
-    of model work): a request is admitted only when it fits the queue (``capacity``) and, by the seconds per token
-    measured on finished work, can be answered within ``deadline`` seconds; otherwise it is refused at once, 429
-    with an honest ``Retry-After`` (when the queue ahead will have drained enough), or 413 when it is larger than
-    the whole queue. :attr:`queued` is the cost admitted and not yet finished."""
-
-    #: The share of the time limit the estimated model time may fill: the rest is for what the estimate does not
-    #: see (tokenizing, the event loop, a batch slower than the average).
-    DEADLINE_SHARE = 0.8
-
-    def __init__(self, capacity: int, deadline: float):
-        from concurrent.futures import ThreadPoolExecutor
-
-        if capacity < 1:
-            raise HalwatchError(f"--queue-tokens must be at least 1, got {capacity}")
-        self.capacity, self.deadline = capacity, deadline
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="halwatch-model")
-        self.queued = 0
-        self.recent: collections.deque = collections.deque(maxlen=self.RECENT)  # seconds per unit, measured
-
-    #: How many finished batches the estimate reads: the slowest of them per unit of cost, so that one slow batch
-    #: (a busy CPU, a long answer) is never averaged away into admitting work that then times out.
-    RECENT = 8
-
-    @property
-    def rate(self) -> float | None:
-        """Seconds per unit of cost: the slowest of the last :data:`RECENT` finished batches (``None`` before)."""
-        return max(self.recent) if self.recent else None
-
-    def wait(self, cost: int = 0) -> float | None:
-        """Estimated seconds until ``cost`` more units admitted now would be done (``None`` before any measure)."""
-        return None if self.rate is None else (self.queued + cost) * self.rate
-
-    def admit(self, cost: int) -> None:
-        """Count ``cost`` more units in, or refuse them (:meth:`check`)."""
-        self.check(cost)
-        self.queued += cost
-
-    def check(self, cost: int) -> None:
-        """Refuse ``cost`` more units: 413 when larger than the whole queue, 429 when they do not fit now or would
-        finish past the deadline. (A lower bound of a request's cost can be checked before it is tokenized.)"""
-        if cost > self.capacity:
-            raise ApiError(413, f"this request needs {cost} tokens of model work, more than the whole queue "
-                                f"holds ({self.capacity}, --queue-tokens): send fewer or shorter items",
-                           "request_too_large")
-        alone, budget = cost * (self.rate or 0.0), self.deadline * self.DEADLINE_SHARE
-        if alone > budget:
-            raise ApiError(413, f"this request needs about {alone:.1f} s of model time even on an idle server, "
-                                f"past the {self.deadline:g} s limit (--timeout): send fewer or shorter items",
-                           "request_too_large")
-        wait = self.wait(cost)
-        if self.queued + cost > self.capacity:
-            behind = (self.queued + cost - self.capacity) * (self.rate or 0.0)
-            raise ApiError(429, f"the server is busy ({self.queued} of {self.capacity} tokens queued): retry "
-                                f"later", "queue_full", headers={"Retry-After": str(max(1, math.ceil(behind)))})
-        if wait is not None and wait > budget:
-            raise ApiError(429, f"the server is busy: this request would be answered in about {wait:.1f} s, past "
-                                f"the {self.deadline:g} s limit: retry later", "queue_full",
-                           headers=self.retry_after(wait))
-
-    def retry_after(self, wait: float) -> dict:
-        """The ``Retry-After`` header of a 429 for work that would be done in ``wait`` seconds: when it would
-        fit the share of the deadline that admission allows."""
-        return {"Retry-After": str(max(1, math.ceil(wait - self.deadline * self.DEADLINE_SHARE)))}
-
-    def overdue(self, waiting: list[tuple[int, float]], now: float) -> dict[int, float]:
-        """``{index: estimated seconds from its admission to done}`` for the admitted work still waiting
-        (``(cost, admitted at)`` in the order it will run, nothing running ahead of it) that, at the seconds per
-        unit measured by now, would be done past the share of the deadline that admission allows: work admitted
-        on an estimate that the batches since have proved too low (a flood slows the model thread while the event
-        loop parses it). Refused at once, it is a 429 the client can act on instead of a 504 later."""
-        if self.rate is None:
-            return {}
-        ahead, late = 0, {}
-        for i, (cost, since) in enumerate(waiting):
-            answered = now + (ahead + cost) * self.rate - since
-            if answered > self.deadline * self.DEADLINE_SHARE:
-                late[i] = answered
-            else:
-                ahead += cost
-        return late
-
-    def release(self, cost: int) -> None:
-        self.queued -= cost
-
-    def measured(self, cost: int, seconds: float) -> None:
-        """Fold the time of finished work of ``cost`` units into the seconds-per-unit estimate."""
-        if cost > 0:
-            self.recent.append(seconds / cost)
-
-    async def run(self, fn, *args):
-        """``fn(*args)`` on the model thread; its result. Everything that runs the model goes through here, loading
-        and warming up included: torch's parallel work (OpenMP) on a second thread that stays alive slows every
-        batch of the model thread by about 20 % on a CPU (docs/serving.md)."""
-        return await asyncio.wrap_future(self.pool.submit(fn, *args))
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -26,7 +26,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from halwatch.errors import HalwatchError
-from halwatch.serve.common import ApiError, ServerState, Worker, create_app, errors, watch_disconnect
+from halwatch.serve.common import ApiError, ServerState, create_app, errors, watch_disconnect
+from halwatch.serve.worker import Worker
 
 #: ``max_tokens`` when a request gives none, and the most a request may ask for.
 DEFAULT_MAX_TOKENS = 256

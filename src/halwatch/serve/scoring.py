@@ -29,111 +29,27 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from halwatch.errors import HalwatchError, InputError
 from halwatch.pipeline import Job, Pipeline, score_jobs
 from halwatch.result import Result
-from halwatch.sample import NON_BLANK
 from halwatch.serve.common import (
     STREAM_POLICIES,
     ApiError,
     ServerState,
-    Worker,
     create_app,
     errors,
     read_json,
     watch_disconnect,
 )
+from halwatch.serve.schema import EXAMPLE, DetectorList, ScoreItem, WatchQuery, WatchVerdict, parse_items
+from halwatch.serve.worker import Worker
 from halwatch.tokens import MAX_WINDOWS
-
-#: A string with at least one character that is not white space: the same rule as the library's
-#: (:data:`halwatch.sample.NON_BLANK`), so that the published schema and the server's own check agree.
-Text = Annotated[str, Field(pattern=NON_BLANK)]
-
-
-def _given(*fields: str) -> dict:
-    """JSON Schema: ``fields`` are present and not null."""
-    return {"required": list(fields), "properties": {f: {"not": {"type": "null"}} for f in fields}}
-
-
-_TASK_RULES = [
-    # the qa template needs a question; data2text's takes none (a given ``prompt`` makes the task moot)
-    {"if": {"properties": {"task": {"const": "qa"}}, "required": ["task"], "not": _given("prompt")},
-     "then": {"required": ["question"], "properties": {"question": {"type": "string", "minLength": 1}}}},
-    {"if": {"properties": {"task": {"const": "data2text"}}, "required": ["task"], "not": _given("prompt")},
-     "then": {"properties": {"question": {"anyOf": [{"type": "null"}, {"maxLength": 0}]}}}},
-]
-
-
-class ScoreItem(BaseModel):
-    """One answer to score: ``response`` and either ``prompt`` or ``context`` / ``contexts`` (not both), with
-    ``question`` where the task has one. Absent and null fields are the same."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "anyOf": [_given("prompt"), _given("context"), _given("contexts")],
-        "not": _given("context", "contexts"), "allOf": _TASK_RULES})
-    id: str | int | None = Field(None, description="returned with the result (default: the item's index)")
-    context: Text | None = Field(None, description="the retrieved context the answer should rest on (beside a "
-                                                   "prompt: the part of it that is the context)")
-    contexts: list[Text] | None = Field(None, min_length=1, description="several passages, joined by blank lines")
-    question: str | None = Field(None, description="the question (task qa; optional for summary and dialogue)")
-    task: Literal["qa", "summary", "dialogue", "data2text"] | None = Field(
-        None, description="the template the context is rendered with (default: qa with a question, else summary)")
-    prompt: Text | None = Field(None, description="the whole prompt, instead of context and question")
-    response: Text = Field(description="the answer to score")
-    detector: str | None = Field(None, description="a loaded detector (GET /v1/detectors; default: the server's "
-                                                   "default)")
-    min_span_confidence: float | None = Field(
-        None, ge=0, le=1, description="leave out spans whose confidence is below this (default: the server's, set by "
-                                      "serve --min-span-confidence, else 0: every span)")
-
-    def sample(self, index: int):
-        from halwatch.sample import Sample
-
-        if self.context is not None and self.contexts is not None:
-            raise InputError("give context or contexts, not both")
-        context = "\n\n".join(self.contexts) if self.contexts is not None else self.context
-        if not self.prompt and context is None:
-            raise InputError("give prompt, or context (or contexts) with question where the task has one")
-        return Sample(response=self.response, prompt=self.prompt or "", context=context, question=self.question,
-                      task=self.task, id=str(self.id) if self.id is not None else str(index))
-
-
-EXAMPLE = {"id": "1", "context": "Insulin is a peptide hormone produced by beta cells of the pancreatic islets.",
-           "question": "Which cells produce insulin?",
-           "response": "Insulin is produced by red blood cells in the bone marrow."}
-
 
 #: The longer warm-up answer: this many copies of :data:`EXAMPLE`'s response (about 100 response tokens).
 WARM_UP_SENTENCES = 8
-
-
-def parse_items(body) -> list[ScoreItem]:
-    """The items of a /v1/score body (an object or a list of objects), or a 422 naming the item and field."""
-    from pydantic import ValidationError
-
-    many = isinstance(body, list)
-    raw = body if many else [body]
-    if not raw:
-        raise ApiError(422, "an empty list: give at least one item", "no_items")
-    items = []
-    for i, item in enumerate(raw):
-        try:
-            items.append(ScoreItem.model_validate(item))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            name = f"item {i}" if many else "the item"
-            param = f"[{i}].{where}" if many else where
-            problem = (f"empty {where} (white space only)" if first["type"] == "string_pattern_mismatch"
-                       else f"{where or 'body'}: {first['msg']}")
-            raise ApiError(422, f"{name}: {problem}", "invalid_item", param) from None
-    return items
-
 
 #: What one answer costs beyond its tokens, in tokens (the fixed part of a forward pass and of the detector's
 #: work). With :data:`ATTENTION_TOKENS`, a least-squares fit of the default's time per answer on a 2-core CPU over
@@ -450,41 +366,6 @@ class ScoringService:
 WATCH_CHECK_TOKENS = 2048
 
 
-class DetectorInfo(BaseModel):
-    """A loaded detector: its name, method, threshold, scoring model and what it was fitted on."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-    method: str
-    default: bool
-    threshold: float | None = None
-    thresholds: dict[str, float] | None = Field(None, description="a routed detector's threshold per task (its "
-                                                                  "`threshold` is null)")
-    prior: float | None = Field(None, description="the share of hallucinated answers its probabilities assume "
-                                                 "(`halwatch calibrate --prior` restates it)")
-    priors: dict[str, float] | None = Field(None, description="a routed detector's `prior` per task")
-    dtype: str | None = Field(None, description="the precision of the signals it was fitted on")
-    scored_in: str | None = Field(None, description="the precision this service scores it in (`--dtype`; where it "
-                                                    "differs from `dtype`, scores differ slightly from the fit's)")
-
-
-class DetectorList(BaseModel):
-    default: str
-    detectors: list[DetectorInfo]
-
-
-class WatchVerdict(BaseModel):
-    """HalMit's verdict on a query (Algorithm 1): ``hallucination``, the ``case`` that decided it, the neighbours."""
-
-    model_config = ConfigDict(extra="allow")
-    hallucination: bool
-
-
-class WatchQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    query: str = Field(min_length=1, max_length=4000)
-
-
 def build_app(detectors: list[str], api_key: str | None = None, limits: Limits | None = None,
               max_body_bytes: int = 4 << 20, upstream: str | None = None, upstream_key: str | None = None,
               watch: dict | None = None, models: dict | None = None, device: str = "auto", dtype: str = "auto",
@@ -495,7 +376,7 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
     ``device`` and ``dtype``: where and in which precision the others load."""
     from contextlib import asynccontextmanager
 
-    from prometheus_client import Counter, Gauge, Histogram
+    from halwatch.serve.page import add_page
 
     service = ScoringService(detectors, limits, watch, models, device=device, dtype=dtype)
     state = ServerState(name="halwatch serve")
@@ -525,6 +406,19 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
 
     app = create_app(state, api_key=api_key, max_body_bytes=max_body_bytes, lifespan=lifespan,
                      title="halwatch serve", summary="Is an answer supported by its context, and which words are not")
+    _add_metrics(service, state)
+    _add_routes(app, service, watch=bool(watch), upstream=bool(upstream))
+    add_page(app)
+    app.state.service = service
+    app.state.started_at = time.time()
+    return app
+
+
+def _add_metrics(service: ScoringService, state: ServerState) -> None:
+    """The service's Prometheus metrics (batch sizes, queued tokens, the measured rate, waits, compute times,
+    verdicts), fed by the service's ``on_batch`` and ``on_job`` hooks."""
+    from prometheus_client import Counter, Gauge, Histogram
+
     batch_sizes = Histogram("halwatch_batch_size", "Answers per forward batch", registry=state.registry,
                             buckets=(1, 2, 4, 8, 16, 32, 64))
     service.on_batch = batch_sizes.observe
@@ -547,6 +441,10 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
 
     service.on_job = observe
 
+
+def _add_routes(app, service: ScoringService, watch: bool, upstream: bool) -> None:
+    """The scoring routes: /v1/score, /v1/detectors, /v1/watch/check and the guard's /v1/chat/completions (the
+    last two documented only where configured)."""
     ref = {"$ref": "#/components/schemas/ScoreItem"}
     body_schema = {"anyOf": [ref, {"type": "array", "items": ref, "minItems": 1,
                                    "maxItems": service.limits.max_items}]}
@@ -575,12 +473,12 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
         return {"default": service.default, "detectors": service.describe()}
 
     @app.post("/v1/watch/check", response_model=WatchVerdict, responses=errors(404, 422, 429),
-              include_in_schema=bool(watch))
+              include_in_schema=watch)
     async def watch_check(body: WatchQuery):
         """HalMit (Algorithm 1): is this query likely to make the watched agent hallucinate?"""
         return await service.check(body.query)
 
-    @app.post("/v1/chat/completions", responses=errors(404, 413, 422, 429, 502, 504), include_in_schema=bool(upstream),
+    @app.post("/v1/chat/completions", responses=errors(404, 413, 422, 429, 502, 504), include_in_schema=upstream,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                   "type": "object", "required": ["messages"], "properties": {
                       "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
@@ -594,10 +492,3 @@ def build_app(detectors: list[str], api_key: str | None = None, limits: Limits |
         if guard is None:
             raise ApiError(404, "no upstream LLM is configured here (halwatch serve --upstream URL)", "no_upstream")
         return await guard.handle(request)
-
-    from halwatch.serve.page import add_page
-
-    add_page(app)
-    app.state.service = service
-    app.state.started_at = time.time()
-    return app

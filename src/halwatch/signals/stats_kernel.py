@@ -1,7 +1,7 @@
 """The token statistics of a batch in one GPU launch (Triton): for every response token, the log-probability of that
 token and the entropy of the next-token distribution that predicts it.
 
-The torch path (:func:`halwatch.models.forward._batch_outputs`) normalises each answer's rows of logits in turn: a
+The torch path (:func:`halwatch.models.forward.batch_outputs`) normalises each answer's rows of logits in turn: a
 float32 copy of the rows, ``log_softmax``, a gather, ``exp``, a product and a sum, half a dozen launches per answer
 and five passes over rows of the whole vocabulary. On an H100 they took 77 ms of device time per 256 RAGTruth
 answers, and a few thousand launches of host time.
