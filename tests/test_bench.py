@@ -9,7 +9,8 @@ from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 
 from halwatch.data.jsonl import write_jsonl
 from halwatch.eval.bench import run_bench
-from halwatch.eval.protocols import Bench, make_splits, save_results
+from halwatch.eval.folds import make_splits
+from halwatch.eval.protocols import Bench, save_results
 from halwatch.eval.report import ranks_and_tests, shape_transfer_table, write_report
 from halwatch.scorer import Scorer
 
@@ -68,6 +69,8 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     bench.run("transfer", datasets, seeds=[0])
     _check_rows_against_sklearn(bench)
     assert all(r["dirty"] == r["commit"].endswith("-dirty") for r in bench.rows)
+    assert {(r["protocol"], r["split"]) for r in bench.rows} == {
+        ("ragtruth-official", "test"), ("random-splits", "random"), ("kfold", "fold"), ("transfer", "test")}
     protocols = {r["protocol"] for r in bench.rows}
     assert protocols == {"ragtruth-official", "random-splits", "kfold", "transfer"}
     assert {r["detector"] for r in bench.rows} == set(DETECTORS)
@@ -81,7 +84,7 @@ def test_protocols_run_and_numbers_match_sklearn(bench, datasets, tmp_path):
     row = next(r for r in bench.rows if r["protocol"] == "ragtruth-official" and r["detector"] == "toha"
                and r["seed"] == 0 and r["dataset"] == datasets[0])
     assert row["f1"] == pytest.approx(f1_score(labels[test], probs >= det.threshold))
-    spans = [det.spans_from(views[i], signals[i], p) for i, p in zip(test, probs)]  # and its grounded answers' spans
+    spans = [det.verdicts([views[i]], [signals[i]])[0]["spans"] for i in test]  # and its grounded answers' spans
     clean = [not x for x, i in zip(spans, test) if labels[i] == 0]
     assert row["grounded_without_span"] == pytest.approx(np.mean(clean))
     save_results(tmp_path, bench.rows, bench.predictions)
@@ -206,7 +209,7 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
 def test_every_split_keeps_a_source_on_one_side():
     """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
     from halwatch.data.splits import split_of
-    from halwatch.eval.protocols import load_dataset
+    from halwatch.eval.datasets import load_dataset
 
     samples, _ = load_dataset("ragtruth:llama-2-7b-chat+mistral-7B-instruct")
     sources = np.array([s.source for s in samples])
@@ -235,12 +238,16 @@ def test_published_results_come_from_clean_trees():
         if dirty:
             assert f"({path.parent.relative_to(folder).as_posix()}/" in declared, path
         shapes += sum(r["protocol"] == "shape-transfer" for r in rows)
+        # every row says which split its figures were read on, and a shape-transfer row's agrees with its settings
+        assert all(r.get("split") in ("test", "dev", "random", "fold") for r in rows), path
+        assert all(r["split"] == r["settings"]["eval"] for r in rows
+                   if r["protocol"] == "shape-transfer" and "eval" in r.get("settings", {})), path
         assert not [r for r in dirty if r["protocol"] == "shape-transfer"], path
     assert shapes
 
 
 def test_splits_are_disjoint_and_stratified(datasets):
-    from halwatch.eval.protocols import load_dataset
+    from halwatch.eval.datasets import load_dataset
 
     samples, _ = load_dataset(datasets[0])
     for protocol, size in (("ragtruth-official", 12), ("random-splits", 16), ("kfold", None)):

@@ -11,7 +11,8 @@ import pytest
 from halwatch.cli import _bench_default_kind, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "results" / "README.md"]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "results" / "README.md",
+         ROOT / "docs" / "results" / "log.md"]
 
 
 def _segments(text: str):
@@ -96,3 +97,14 @@ def test_every_relative_link_and_anchor_exists(page):
         elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
             broken.append(f"{target} (no heading with that anchor)")
     assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+def test_the_readme_python_example_prints_what_it_shows(capsys):
+    """The README's Python example, run as it stands (float32, the session's pin, in which its output was made),
+    prints the output block that follows it."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python\n"):]
+    blocks = [body for language, body in _segments(section) if language is not None]
+    code, shown = blocks[0], blocks[1]
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == shown.strip()

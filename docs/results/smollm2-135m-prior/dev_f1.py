@@ -16,7 +16,7 @@ from scipy.special import expit
 from halwatch.detectors.calibration import estimate_prior, logit
 
 # each dev set: (the share its part's probabilities assume, the part's threshold), from dev_check.py and the
-# routed dev table in ../README.md
+# routed dev table in ../log.md
 PARTS = {"ragtruth:all": (0.4959, 0.453), "squad-shapes": (0.4959, 0.453), "begin": (0.6168, 0.557),
          "faithdial": (0.6168, 0.557)}
 

@@ -8,6 +8,8 @@ import time
 import numpy as np
 
 from halwatch.errors import InputError
+from halwatch.eval.datasets import load_dataset
+from halwatch.eval.folds import make_splits, subset
 from halwatch.eval.metrics import evaluate, span_scores
 from halwatch.files import replaced
 from halwatch.models.forward import whitebox_request
@@ -17,184 +19,16 @@ from halwatch.sample import task_of
 log = logging.getLogger("halwatch")
 
 
-#: RAGTruth QA in its own prompt, through the QA template, and as a chat turn (:func:`load_dataset`).
-RAGTRUTH_KINDS = ("ragtruth", "ragtruth-qa", "ragtruth-chat")
-
 PROTOCOLS = ("dev", "official", "ragtruth-official", "random-splits", "kfold", "transfer", "shape-transfer")
 
-
-def dataset_names() -> list[str]:
-    """Every dataset name :func:`load_dataset` takes besides a JSONL path (``ragtruth:GENERATOR`` for each
-    generator and ``ragtruth:all``)."""
-    from halwatch.data.ragtruth import GENERATORS
-    from halwatch.data.shared import SETS
-
-    return ([f"{kind}:{g}" for kind in RAGTRUTH_KINDS for g in (*GENERATORS, "all")]
-            + ["squad-shapes", "squad-shapes-ragtruth", *SETS])
-
-
-def load_dataset(name: str):
-    """Samples of a named dataset and its generator (a label for result rows): ``ragtruth:GENERATOR`` (RAGTruth QA
-    of one generator, both official splits; ``ragtruth:G1+G2`` several pooled; ``ragtruth:all`` all three),
-    ``ragtruth-qa:GENERATOR`` (the same answers with their passages and question rendered through the QA template
-    instead of RAGTruth's prompt), ``ragtruth-chat:GENERATOR`` (RAGTruth's prompt as the user turn of the default
-    scoring model's chat template, :func:`in_chat_template`), ``squad-shapes`` (:mod:`halwatch.data.shapes`),
-    ``squad-shapes-ragtruth`` (the same answers through RAGTruth's prompt, :func:`as_ragtruth_prompt`), a shared set
-    of another shape (:data:`halwatch.data.shared.SETS`; ``NAME@K`` keeps at most ``K`` answers per source document
-    instead of the set's own cap, ``NAME@all`` every answer), a generic JSONL path, or several of these joined by
-    commas (pooled, each keeping its own splits). Returns ``(samples, generator)``."""
-    from halwatch.data.jsonl import read_jsonl
-    from halwatch.data.ragtruth import read_ragtruth
-    from halwatch.data.shared import SETS, read_shared
-
-    if "," in name:
-        parts = [load_dataset(part) for part in name.split(",") if part]
-        return [s for samples, _ in parts for s in samples], "+".join(g for _, g in parts)
-    kind, _, generator = name.partition(":")
-    if kind in RAGTRUTH_KINDS and generator:
-        samples = read_ragtruth(generator=None if generator == "all" else generator.split("+"))
-        if kind == "ragtruth-qa":
-            samples = [as_qa_template(s) for s in samples]
-        elif kind == "ragtruth-chat":
-            from halwatch.models.loader import load_model
-            from halwatch.models.registry import DEFAULT_MODEL
-
-            tokenizer = load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
-            samples = [in_chat_template(s, tokenizer) for s in samples]
-        return samples, generator
-    if name in ("squad-shapes", "squad-shapes-ragtruth"):
-        from halwatch.data.shapes import build_squad_shapes
-
-        samples = build_squad_shapes()
-        return (samples if name == "squad-shapes" else [as_ragtruth_prompt(s) for s in samples]), "squad"
-    shared, _, cap = name.partition("@")
-    if shared in SETS:
-        return read_shared(shared, per_source=_cap(cap)), shared
-    samples = read_jsonl(name)
-    if any(s.label is None for s in samples):
-        raise InputError("every record of a benchmark dataset needs a label", name)
-    return samples, str(samples[0].meta.get("model", samples[0].meta.get("generator", "-")))
-
-
-def _cap(text: str):
-    """The answers-per-source cap of ``NAME@CAP``: ``all`` (none), a positive number, or ``"default"`` (no ``@``)."""
-    if not text:
-        return "default"
-    if text == "all":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise InputError(f"after '@', give how many answers per source document to keep: a positive number or 'all', "
-                     f"not {text!r}")
-
-
-def as_qa_template(sample):
-    """A RAGTruth sample with its passages and question rendered through :data:`halwatch.sample.QA_TEMPLATE`
-    (the same answer, spans and label; ``meta["template"] = "qa"``)."""
-    from halwatch.sample import Sample
-
-    passages = sample.prompt[sample.context_span[0]:sample.context_span[1]]
-    return Sample(context=passages, question=sample.meta["question"], response=sample.response, id=sample.id,
-                  label=sample.label, spans=sample.spans, meta={**sample.meta, "template": "qa"}, task="qa")
-
-
-def in_chat_template(sample, tokenizer):
-    """``sample``'s prompt as the user turn of ``tokenizer``'s chat template, with the assistant header after it, as
-    text (scored in the detector's own input mode; the same answer, spans and label, ``context_span`` moved with the
-    prompt; ``meta["template"] = "chat"``): how a chat front end sends RAGTruth's prompt."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("the scoring model's tokenizer has no chat template")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    head, _, tail = text.partition(sample.prompt)
-    return wrapped_prompt(sample, head, tail, "chat")
-
-
-def wrapped_prompt(sample, head: str, tail: str, template: str):
-    """``sample`` with its prompt between ``head`` and ``tail`` (the same answer, spans and label, ``context_span``
-    moved with the prompt, ``meta["template"] = template``)."""
-    from halwatch.sample import Sample
-
-    start, end = sample.context_span or (0, len(sample.prompt))
-    return Sample(prompt=head + sample.prompt + tail, response=sample.response, id=sample.id, label=sample.label,
-                  spans=sample.spans, context_span=(len(head) + start, len(head) + end),
-                  meta={**sample.meta, "template": template})
-
-
-#: RAGTruth's QA prompt around one passage: its own words (``response.qa_open_models`` sources), with "the following
-#: passage" where RAGTruth has "the following three passages".
-RAGTRUTH_HEAD = ("Briefly answer the following question:\n{question}\nBear in mind that your response should be "
-                 "strictly based on the following passage:\npassage 1:")
-RAGTRUTH_TAIL = ("\n\nIn case the passages do not contain the necessary information to answer the question, please "
-                 'reply with: "Unable to answer based on given passages."\noutput:')
-
-
-def as_ragtruth_prompt(sample):
-    """A ``context`` + ``question`` sample (squad-shapes) rendered through RAGTruth's QA prompt instead of
-    :data:`halwatch.sample.QA_TEMPLATE`: the same answer, spans, label and source, ``context_span`` on the context
-    (``meta["template"] = "ragtruth"``). Trained beside the ``qa`` rendering, the template carries no label: on the
-    dev split, fitted with squad-shapes alone the verdicts on SQuAD-built answers flagged 9 % of the grounded ones in
-    the ``qa`` template and 23 % in this one; with both renderings 9 % and 5 % (docs/results/README.md)."""
-    from halwatch.sample import Sample
-
-    head = RAGTRUTH_HEAD.format(question=sample.question)
-    start = len(head)
-    return Sample(prompt=head + sample.context + RAGTRUTH_TAIL, context_span=(start, start + len(sample.context)),
-                  response=sample.response, id=sample.id, label=sample.label, spans=sample.spans,
-                  meta={**sample.meta, "template": "ragtruth"})
-
-
-def _subset(indices, labels, size, seed):
-    """A stratified random subset of ``size`` of ``indices`` (all of them when size is None or too large)."""
-    from sklearn.model_selection import train_test_split
-
-    indices = np.asarray(indices)
-    if size is None or size >= len(indices):
-        return indices
-    part, _ = train_test_split(indices, train_size=size, stratify=labels[indices], random_state=seed)
-    return np.sort(part)
-
-
-def make_splits(protocol: str, samples, seeds, probe_size=None):
-    """``[(seed, probe_indices, test_indices)]`` of a protocol. Every split keeps the answers to one source document
-    (:attr:`halwatch.sample.Sample.source`) on one side.
-
-    - ``dev``: probe = the train split (:func:`halwatch.data.splits.split_of`; or a stratified subset of
-      ``probe_size``, varied by the seed), test = the dev split. Where every design choice is made.
-    - ``official`` (``ragtruth-official``): probe = the train and dev splits (RAGTruth's official train split),
-      test = the test split. Read once per published table.
-    - ``random-splits`` (TOHA section 4.1, after HaloScope): a stratified 75/25 split by source per seed, probe =
-      ``probe_size`` (default 100) of the 75 %.
-    - ``kfold`` (LRP4RAG section 3.4): stratified 5-fold cross-validation by source over the whole set, fitting on
-      the four other folds; the "seed" of a row is the fold number. Nothing is selected on the test fold.
-    """
-    from sklearn.model_selection import StratifiedGroupKFold
-
-    from halwatch.data.splits import split_of
-
-    labels = np.array([s.label for s in samples])
-    groups = np.array([s.source for s in samples])
-    everything = np.arange(len(samples))
-    splits = np.array([split_of(s) for s in samples])
-    if protocol in ("dev", "official", "ragtruth-official"):
-        train = everything[np.isin(splits, ["train"] if protocol == "dev" else ["train", "dev"])]
-        test = everything[splits == ("dev" if protocol == "dev" else "test")]
-        if not len(train) or not len(test):
-            raise InputError(f"protocol {protocol!r} needs samples of the train and "
-                             f"{'dev' if protocol == 'dev' else 'test'} splits (meta.split)")
-        return [(seed, _subset(train, labels, probe_size, seed), test) for seed in seeds]
-    if protocol == "random-splits":
-        out = []
-        for seed in seeds:
-            rest, test = next(StratifiedGroupKFold(4, shuffle=True, random_state=seed).split(everything, labels,
-                                                                                               groups))
-            out.append((seed, _subset(rest, labels, probe_size or 100, seed), np.sort(test)))
-        return out
-    if protocol == "kfold":
-        folds = StratifiedGroupKFold(n_splits=5, shuffle=True, random_state=seeds[0])
-        return [(k, _subset(tr, labels, probe_size, seeds[0]), te)
-                for k, (tr, te) in enumerate(folds.split(everything, labels, groups))]
-    raise ValueError(f"unknown protocol {protocol!r}: choose one of {', '.join(PROTOCOLS)}")
+#: The split each protocol's result rows are computed on (a row's ``"split"``; shape-transfer's is its
+#: ``eval_split``), as :func:`make_splits` and :meth:`Bench._transfer` draw the scored answers.
+SCORED_SPLIT = {
+    "dev": "dev", "official": "test", "ragtruth-official": "test",
+    "transfer": "test",  # the target's test split (``meta.split``; every answer of a set that has none)
+    "random-splits": "random",  # a stratified 25 % by source of the whole set, whatever each answer's split
+    "kfold": "fold",  # one of five folds by source of the whole set, whatever each answer's split
+}
 
 
 def source_commit() -> str:
@@ -276,7 +110,7 @@ class Bench:
         where they are at hand (else from ``signals``)."""
         from halwatch.detectors.spans import describe_rule
 
-        if det.token_threshold is None or not any(v.sample.spans for v in views):
+        if det.span.threshold is None or not any(v.sample.spans for v in views):
             return {}
         gold = [v.sample.spans for v in views]
         tokens = det.outputs(signals)[1] if tokens is None else tokens
@@ -293,7 +127,7 @@ class Bench:
                 [p for p, v in zip(predicted, views) if str(v.sample.meta.get("shape")) == shape],
                 [v.sample.spans for v in views if str(v.sample.meta.get("shape")) == shape])["span_f1"]
                 for shape in shapes}
-        out["span_rule"] = describe_rule(det.span_rule)  # chosen on the training answers (detectors.spans)
+        out["span_rule"] = describe_rule(det.span.rule)  # chosen on the training answers (detectors.spans)
         if "span_fit" in det.fitted_on:
             out["span_fit_f1"] = det.fitted_on["span_fit"]["f1"]  # its F1 there, held out for a supervised detector
         if getattr(det, "window_model", None) is not None:
@@ -324,16 +158,32 @@ class Bench:
             log.warning("%s fitted on %s: not fitted, its rows skipped: %s", detector_name, what, exc)
             return None
 
+    def _fit_and_record(self, det_name, fit_on, score_on, options, what: str, row: tuple, extra, probe_size) -> None:
+        """Fit ``det_name`` on ``fit_on`` and record its row on ``score_on`` (each ``(signals, labels, views,
+        indices)``); ``row``: the row's ``(dataset, generator, protocol, seed)``. A fit these answers cannot make
+        records nothing (:meth:`_fitted`)."""
+        signals, labels, views, probe = fit_on
+        t0 = time.perf_counter()
+        det = self._fitted(det_name, ([signals[i] for i in probe], labels[probe], [views[i] for i in probe]), options,
+                           what)
+        if det is None:
+            return
+        signals, labels, views, test = score_on
+        scored, spans, thresholds = self.score_answers(det, [views[i] for i in test], [signals[i] for i in test])
+        self._record(*row, det_name, labels[test], scored, thresholds, time.perf_counter() - t0,
+                     {**(extra or {}), **spans}, probe_size=probe_size)
+
     def _record(self, dataset, generator, protocol, seed, detector, labels, scored, threshold, seconds, extra=None,
-                probe_size=None):
+                probe_size=None, split=None):
         """One result row and the test predictions: ``scored`` = (probabilities, ranking scores); AUROC and AUC-PR
-        rank by the ranking score, which predictions.jsonl keeps as ``raw``."""
+        rank by the ranking score, which predictions.jsonl keeps as ``raw``. The row's ``split`` is the split its
+        figures were computed on: ``split``, else the protocol's (:data:`SCORED_SPLIT`)."""
         probs, ranking = scored
         identity = {k: v for k, v in self.scorer.identity().items() if k in ("scoring_model", "input_mode", "dtype")}
         row = {
             "dataset": dataset, "generator": generator, "probe_size": probe_size or "all", **identity,
             "windows": self.scorer.windows,  # the most windows a long test context was scored in (1: left cut)
-            "detector": detector, "protocol": protocol, "seed": int(seed),
+            "detector": detector, "protocol": protocol, "split": split or SCORED_SPLIT[protocol], "seed": int(seed),
             **evaluate(labels, probs, threshold, ranking), "seconds": round(seconds, 3), "commit": self.commit,
             "dirty": self.commit.endswith("-dirty"), **(extra or {}),
         }
@@ -368,16 +218,9 @@ class Bench:
                 for det_name in self.detectors:
                     _, labels, views, signals, generator = self._detector_data(name, det_name, options,
                                                                                np.concatenate([probe, test]))
-                    t0 = time.perf_counter()
-                    det = self._fitted(det_name, ([signals[i] for i in probe], labels[probe],
-                                                  [views[i] for i in probe]), options, f"{name} (seed {seed})")
-                    if det is None:
-                        continue
-                    scored, spans, thresholds = self.score_answers(det, [views[i] for i in test],
-                                                                   [signals[i] for i in test])
-                    self._record(name, generator, protocol, seed, det_name, labels[test], scored, thresholds,
-                                 time.perf_counter() - t0, {**(extra or {}), **spans},
-                                 probe_size=probe_size or (100 if protocol == "random-splits" else None))
+                    self._fit_and_record(det_name, (signals, labels, views, probe), (signals, labels, views, test),
+                                         options, f"{name} (seed {seed})", (name, generator, protocol, seed),
+                                         extra, probe_size or (100 if protocol == "random-splits" else None))
         return self.rows
 
     def run_shapes(self, datasets, eval_split: str = "dev", options=None, extra=None, never=(), hold_out=None,
@@ -456,7 +299,8 @@ class Bench:
         length = evaluate(labels, np.zeros(len(labels)), 0.5, [s.n_response for s in signals])["auroc"]
         self._record(names[0] if len(names) == 1 else "ragtruth:pooled", data[names[0]][4], "shape-transfer", 0,
                      det_name, labels, scored, thresholds, time.perf_counter() - t0,
-                     {**extra, **spans, "length_auroc": length})  # the confound beside every row
+                     {**extra, **spans, "length_auroc": length},  # the confound beside every row
+                     split=extra["settings"]["eval"])
 
     def _shipped(self, ref: str, eval_split: str, scored):
         """A fitted artifact (shipped name or file) loaded for this bench's scorer, the datasets it was trained on
@@ -522,20 +366,13 @@ class Bench:
         s_pool = np.array([i for i, s in enumerate(s_samples) if s.meta.get("split", "train") == "train"])
         t_test = np.array([i for i, s in enumerate(t_samples) if s.meta.get("split", "test") == "test"])
         for seed in seeds:
-            probe = _subset(s_pool, s_labels, probe_size, seed)
+            probe = subset(s_pool, s_labels, probe_size, seed)
             for det_name in self.detectors:
                 _, _, s_views, s_signals, _ = self._detector_data(source, det_name, options, probe)
                 _, t_labels, t_views, t_signals, generator = self._detector_data(target, det_name, options, t_test)
-                t0 = time.perf_counter()
-                det = self._fitted(det_name, ([s_signals[i] for i in probe], s_labels[probe],
-                                              [s_views[i] for i in probe]), options, f"{source} (seed {seed})")
-                if det is None:
-                    continue
-                scored, spans, thresholds = self.score_answers(det, [t_views[i] for i in t_test],
-                                                               [t_signals[i] for i in t_test])
-                self._record(f"{source}->{target}", generator, "transfer", seed, det_name, t_labels[t_test], scored,
-                             thresholds, time.perf_counter() - t0, {**(extra or {}), **spans},
-                             probe_size=probe_size)
+                self._fit_and_record(det_name, (s_signals, s_labels, s_views, probe),
+                                     (t_signals, t_labels, t_views, t_test), options, f"{source} (seed {seed})",
+                                     (f"{source}->{target}", generator, "transfer", seed), extra, probe_size)
 
 
 def save_results(out_dir, rows, predictions) -> None:
