@@ -309,6 +309,26 @@ def test_bench_kinds_have_their_own_options_and_run_is_the_default(capsys):
     assert args.detector == "default" and args.clients == [1, 8]
 
 
+def test_each_bench_kind_reaches_its_measure_with_its_options(monkeypatch):
+    """`halwatch bench KIND` calls the measure of that kind with the options given (the measures themselves are
+    tested where they live; here, that the command passes each option to the right one)."""
+    from halwatch.cli import main
+    from halwatch.eval import calibration_check, invariance
+
+    calls = []
+    for module, name in ((calibration_check, "run_calibration_check"), (calibration_check, "run_prior_check"),
+                         (invariance, "run_invariance")):
+        monkeypatch.setattr(module, name, lambda _name=name, **kw: calls.append((_name, kw)))
+    assert main(["-q", "bench", "prior", "--datasets", "begin", "--draws", "7", "--eval-split", "test"]) == 0
+    assert main(["-q", "bench", "calibration", "--target-fpr", "0.2", "--seeds", "3", "--dtype", "float32"]) == 0
+    assert main(["-q", "bench", "invariance", "--answers", "9", "--out-file", "x.json"]) == 0
+    (prior, p), (calibration, c), (inv, i) = calls
+    assert (prior, p["datasets"], p["draws"], p["split"]) == ("run_prior_check", ["begin"], 7, "test")
+    assert (calibration, c["datasets"], c["target_fpr"], c["seeds"], c["split"]) == (
+        "run_calibration_check", ["squad-shapes"], 0.2, 3, "dev")
+    assert c["scorer_options"]["dtype"] == "float32" and "target_fpr" not in p and "draws" not in c
+    assert (inv, i["n"], i["out"], i["detector"]) == ("run_invariance", 9, "x.json", "default")
+
 def test_scoring_does_not_import_scikit_learn():
     """Every command builds the whole parser and `score` loads the detectors: neither imports scikit-learn (1.4 s
     of every command's start before), which only fitting and the benchmarks' metrics use."""

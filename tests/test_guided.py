@@ -11,7 +11,7 @@ from halwatch.detectors import load_detector
 from halwatch.models import forward
 from halwatch.models.forward import whitebox_request
 from halwatch.models.guided import _view, generate
-from halwatch.tokens import _prompt_ids, answer_header_length
+from halwatch.tokens import answer_header_length, prompt_token_ids
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def question():
 def test_forward_with_a_cached_prompt_equals_the_full_pass(smol, question):
     import torch
 
-    prompt_ids = _prompt_ids(smol.tokenizer, question.sample("-").prompt, "chat")
+    prompt_ids = prompt_token_ids(smol.tokenizer, question.sample("-").prompt, "chat")
     responses = [smol.tokenizer(t, add_special_tokens=False)["input_ids"]
                  for t in ("The answer is in the text.", "No idea at all, sorry", "Yes")]
     n_header = answer_header_length(smol.tokenizer, question.sample("-").prompt, "chat", prompt_ids)

@@ -153,7 +153,7 @@ class TokenView:
         return labels
 
 
-def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
+def prompt_token_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
     if input_mode == "raw":
         return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     if input_mode == "chat":
@@ -167,7 +167,7 @@ def _prompt_ids(tokenizer, prompt: str, input_mode: str) -> list[int]:
 
 
 def _prompt_tokens(tokenizer, prompt: str, input_mode: str) -> tuple[list[int], list | None]:
-    """:func:`_prompt_ids`, and in raw mode the tokens' character offsets too (one tokenizer call, where the answer
+    """:func:`prompt_token_ids`, and in raw mode the tokens' character offsets too (one tokenizer call, where the answer
     header would take a second: :func:`answer_header_length`)."""
     return _prompts_tokens(tokenizer, [prompt], input_mode)[0]
 
@@ -176,7 +176,7 @@ def _prompts_tokens(tokenizer, prompts: list[str], input_mode: str) -> list[tupl
     """:func:`_prompt_tokens` of many prompts, in one tokenizer call in raw mode (a fast tokenizer encodes them in
     parallel, and the call's own cost is paid once)."""
     if input_mode != "raw":
-        return [(_prompt_ids(tokenizer, p, input_mode), None) for p in prompts]
+        return [(prompt_token_ids(tokenizer, p, input_mode), None) for p in prompts]
     enc = tokenizer(prompts, add_special_tokens=True, return_offsets_mapping=True)
     return [(list(ids), offsets) for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"])]
 

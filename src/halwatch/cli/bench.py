@@ -36,51 +36,66 @@ def bench_default_kind(argv: list[str]) -> list[str]:
     return argv[:command + 1] + ["run"] + rest
 
 
-def cmd_bench(args) -> int:
-    if args.what == "speed":
-        from halwatch.eval.speed import run_speed
+def _scorer_options(args) -> dict:
+    return {"device": args.device, "dtype": args.dtype}
 
-        run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats,
-                  device=args.device, dtype=args.dtype, parts=args.parts or ("lengths", "split"),
-                  batches=args.batches, batched_answers=args.answers, phase_batch=args.batch_size,
-                  processes=args.processes)
-        return 0
-    if args.what == "serve":
-        from halwatch.serve.bench import run_serve_bench
 
-        run_serve_bench(detector=args.detector, n=args.answers, levels=args.clients, device=args.device,
-                        dtype=args.dtype, batch_size=args.batch_size, parts=args.parts or BENCH_PARTS["serve"],
-                        overload_seconds=args.overload_seconds)
-        return 0
-    if args.what == "invariance":
-        from halwatch.eval.invariance import run_invariance
+def _speed(args) -> None:
+    from halwatch.eval.speed import run_speed
 
-        run_invariance(detector=args.detector, dataset=args.dataset, split=args.eval_split, n=args.answers,
-                       out=args.out_file, scorer_options={"device": args.device, "dtype": args.dtype})
-        return 0
-    if args.what == "calibration":
-        from halwatch.eval.calibration_check import run_calibration_check
+    run_speed(model=args.model or "smollm2-135m", lengths=args.lengths, repeats=args.repeats, device=args.device,
+              dtype=args.dtype, parts=args.parts or ("lengths", "split"), batches=args.batches,
+              batched_answers=args.answers, phase_batch=args.batch_size, processes=args.processes)
 
-        run_calibration_check(detector=args.detector, datasets=args.datasets, split=args.eval_split,
-                              target_fpr=args.target_fpr, seeds=args.seeds, out=args.out_file,
-                              scorer_options={"device": args.device, "dtype": args.dtype})
-        return 0
+
+def _serve(args) -> None:
+    from halwatch.serve.bench import run_serve_bench
+
+    run_serve_bench(detector=args.detector, n=args.answers, levels=args.clients, device=args.device,
+                    dtype=args.dtype, batch_size=args.batch_size, parts=args.parts or BENCH_PARTS["serve"],
+                    overload_seconds=args.overload_seconds)
+
+
+def _invariance(args) -> None:
+    from halwatch.eval.invariance import run_invariance
+
+    run_invariance(detector=args.detector, dataset=args.dataset, split=args.eval_split, n=args.answers,
+                   out=args.out_file, scorer_options=_scorer_options(args))
+
+
+def _calibration(args) -> None:
+    """``bench calibration`` and ``bench prior``: a detector's operating point checked on named sets."""
+    from halwatch.eval.calibration_check import run_calibration_check, run_prior_check
+
+    common = {"detector": args.detector, "datasets": args.datasets, "split": args.eval_split, "out": args.out_file,
+              "scorer_options": _scorer_options(args)}
     if args.what == "prior":
-        from halwatch.eval.calibration_check import run_prior_check
+        run_prior_check(draws=args.draws, **common)
+    else:
+        run_calibration_check(target_fpr=args.target_fpr, seeds=args.seeds, **common)
 
-        run_prior_check(detector=args.detector, datasets=args.datasets, split=args.eval_split, draws=args.draws,
-                        out=args.out_file, scorer_options={"device": args.device, "dtype": args.dtype})
-        return 0
-    if args.what == "architectures":
-        from halwatch.eval.architectures import survey
 
-        survey(model_types=args.types)
-        return 0
-    if args.what == "relevance":
-        from halwatch.eval.relevance_speed import run_relevance_speed
+def _architectures(args) -> None:
+    from halwatch.eval.architectures import survey
 
-        run_relevance_speed(model=args.model or "smollm2-135m", prompt_tokens=args.prompt_tokens,
-                            response_tokens=args.response_tokens, repeats=args.repeats)
+    survey(model_types=args.types)
+
+
+def _relevance(args) -> None:
+    from halwatch.eval.relevance_speed import run_relevance_speed
+
+    run_relevance_speed(model=args.model or "smollm2-135m", prompt_tokens=args.prompt_tokens,
+                        response_tokens=args.response_tokens, repeats=args.repeats)
+
+
+#: The bench kinds other than ``run``, each run by one function.
+_KINDS = {"speed": _speed, "serve": _serve, "invariance": _invariance, "calibration": _calibration,
+          "prior": _calibration, "architectures": _architectures, "relevance": _relevance}
+
+
+def cmd_bench(args) -> int:
+    if args.what in _KINDS:
+        _KINDS[args.what](args)
         return 0
     from halwatch.detectors import parse_settings
     from halwatch.eval.bench import run_bench
@@ -166,15 +181,14 @@ def _add_run(kinds) -> None:
 
 
 def _add_speed(kinds) -> None:
+    """Times the scoring model's forward, the signal capture and the default detector per sequence length (lengths),
+    and per answer the time inside and outside the model's forward for batches of RAGTruth answers (split), and
+    answers/s of the whole scoring path in its own batches against a plain forward of the same batches (batched);
+    milliseconds per answer of each phase of that path (phases); seconds per answer of halwatch and of
+    LM-Polygraph's white-box estimators, whole processes (peer)."""
     s = kinds.add_parser("speed", help="forward, capture and default-detector times; time inside and outside the "
                                        "forward",
-                         description="Times the scoring model's forward, the signal capture and the default detector "
-                                     "per sequence length (lengths), and per answer the time inside and outside the "
-                                     "model's forward for batches of RAGTruth answers (split), and answers/s of "
-                                     "the whole scoring path in its own batches against a plain forward of the same "
-                                     "batches (batched); milliseconds per answer of each phase of that path "
-                                     "(phases); seconds per answer of halwatch and of LM-Polygraph's "
-                                     "white-box estimators, whole processes (peer).")
+                         description=_add_speed.__doc__)
     s.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
     s.add_argument("--parts", nargs="+", choices=BENCH_PARTS["speed"],
                    help="what to measure (default lengths split; batched is the GPU measure)")
@@ -195,20 +209,20 @@ def _add_speed(kinds) -> None:
 
 
 def _add_architectures(kinds) -> None:
+    """Builds a tiny random-weight model of every causal-LM architecture of the installed transformers (nothing
+    downloaded) and prints what halwatch does with it: works (the capture passes its check against the model's eager
+    attention and Lookback Lens fits and scores), refused in one line naming it, or not built from a small config."""
     arch = kinds.add_parser("architectures", help="every causal-LM architecture of the installed transformers: works, "
                                                   "refused by name, or not built",
-                            description="Builds a tiny random-weight model of every causal-LM architecture of the "
-                                        "installed transformers (nothing downloaded) and prints what halwatch does "
-                                        "with it: works (the capture passes its check against the model's eager "
-                                        "attention and Lookback Lens fits and scores), refused in one line naming "
-                                        "it, or not built from a small config.")
+                            description=_add_architectures.__doc__)
     arch.add_argument("--types", nargs="+", default=None, help="only these model types (default all)")
 
 
 def _add_relevance(kinds) -> None:
+    """Times the LRP4RAG relevance pass on a real RAGTruth prompt against one forward + backward pass, and reports
+    conservation."""
     rel = kinds.add_parser("relevance", help="the LRP4RAG relevance pass against one forward + backward pass",
-                           description="Times the LRP4RAG relevance pass on a real RAGTruth prompt against one "
-                                       "forward + backward pass, and reports conservation.")
+                           description=_add_relevance.__doc__)
     rel.add_argument("--model", default=None, help="scoring model (default smollm2-135m)")
     rel.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
     rel.add_argument("--response-tokens", type=int, default=128, help="response length (default 128)")
@@ -216,10 +230,10 @@ def _add_relevance(kinds) -> None:
 
 
 def _add_serve(kinds) -> None:
+    """Runs the scoring service in-process on real RAGTruth test answers: throughput and latency per level of
+    concurrent clients, refusals under overload, the drain on shutdown and the stream policies' times."""
     sv = kinds.add_parser("serve", help="the HTTP service's throughput, latency, refusals and drain",
-                          description="Runs the scoring service in-process on real RAGTruth test answers: throughput "
-                                      "and latency per level of concurrent clients, refusals under overload, the "
-                                      "drain on shutdown and the stream policies' times.")
+                          description=_add_serve.__doc__)
     _add_bench_detector(sv)
     sv.add_argument("--answers", type=int, default=100, help="RAGTruth test answers sent (default 100)")
     sv.add_argument("--clients", type=int, nargs="+", default=[1, 8, 50],
@@ -234,9 +248,10 @@ def _add_serve(kinds) -> None:
 
 
 def _add_invariance(kinds) -> None:
+    """Renders the same RAGTruth answers through several prompt templates and reports how far the detector's scores and
+    verdicts move."""
     inv = kinds.add_parser("invariance", help="the same answers through several templates: how far scores move",
-                           description="Renders the same RAGTruth answers through several prompt templates and "
-                                       "reports how far the detector's scores and verdicts move.")
+                           description=_add_invariance.__doc__)
     _add_bench_detector(inv)
     inv.add_argument("--dataset", "--datasets", dest="dataset", default="ragtruth:all",
                      help="a RAGTruth dataset name, whose answers are rendered (default ragtruth:all)")
@@ -247,23 +262,23 @@ def _add_invariance(kinds) -> None:
 
 
 def _add_calibration(kinds) -> None:
+    """Recalibrates the detector on one half of each dataset's split with --target-fpr and reports the false-positive
+    rate reached on the other half, averaged over seeds."""
     cal = _add_check(kinds, "calibration", "squad-shapes",
                      help="does `halwatch calibrate --target-fpr` hold the rate on held-out halves?",
-                     description="Recalibrates the detector on one half of each dataset's split with --target-fpr "
-                                 "and reports the false-positive rate reached on the other half, averaged over "
-                                 "seeds.")
+                     description=_add_calibration.__doc__)
     cal.add_argument("--target-fpr", type=float, default=0.1, help="the rate asked for (default 0.1)")
     cal.add_argument("--seeds", type=int, default=5, help="random halvings per dataset (default 5)")
     _add_output(cal)
 
 
 def _add_prior(kinds) -> None:
+    """Estimates each dataset's share of hallucinated answers from its scores alone, as `halwatch calibrate --prior
+    estimate` does, against the true share, with the calibration error before and after restating the probabilities;
+    then on resamples drawn at other shares."""
     pri = _add_check(kinds, "prior", "ragtruth:all",
                      help="does `halwatch calibrate --prior estimate` find the share of hallucinated answers?",
-                     description="Estimates each dataset's share of hallucinated answers from its scores alone, as "
-                                 "`halwatch calibrate --prior estimate` does, against the true share, with the "
-                                 "calibration error before and after restating the probabilities; then on "
-                                 "resamples drawn at other shares.")
+                     description=_add_prior.__doc__)
     pri.add_argument("--draws", type=int, default=30, help="resamples at each share (default 30)")
     _add_output(pri)
 

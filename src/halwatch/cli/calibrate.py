@@ -17,16 +17,15 @@ from halwatch.progress import note
 
 
 def add_parser(sub) -> None:
+    """Score 50-500 labelled answers of your own with a fitted detector and write a copy of it whose probabilities are
+    calibrated on them (Platt scaling; they then assume your share of hallucinated answers) and whose threshold
+    holds the false-positive rate you ask for (split-conformal; without --target-fpr, the best F1 on your answers).
+    Without labels, --prior restates the probabilities for a share of hallucinated answers you state or that is
+    estimated from your answers, keeping every verdict. `halwatch score --detector` and `halwatch serve --detector`
+    load the result."""
     p = sub.add_parser("calibrate", help="set a fitted detector's probabilities and threshold on your own labelled "
                                          "answers",
-                       description="Score 50-500 labelled answers of your own with a fitted detector and write a copy "
-                                   "of it whose probabilities are calibrated on them (Platt scaling; they then "
-                                   "assume your share of hallucinated answers) and whose threshold holds the "
-                                   "false-positive rate you ask for (split-conformal; without --target-fpr, the "
-                                   "best F1 on your answers). Without labels, --prior restates the probabilities "
-                                   "for a share of hallucinated answers you state or that is estimated from your "
-                                   "answers, keeping every verdict. `halwatch score --detector` and `halwatch serve "
-                                   "--detector` load the result.")
+                       description=add_parser.__doc__)
     p.add_argument("--detector", default="default", help="shipped artifact name or artifact file (default: default)")
     add_labelled_options(p)
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")

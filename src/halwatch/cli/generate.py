@@ -13,13 +13,12 @@ log = logging.getLogger("halwatch")
 
 
 def add_parser(sub) -> None:
+    """Answer one prompt (--prompt, or --context and --question) or every record of a JSONL file (--input/--output,
+    resumed by id) with the scoring model. With --guide, each step samples --candidates continuations of --chunk
+    tokens and keeps the one the detector finds least hallucinated (Lookback Lens Guided Decoding); without it,
+    greedy decoding. Records whose meta has SQuAD answers are labelled with the same-model labelling rule."""
     p = sub.add_parser("generate", help="answer prompts with the scoring model, greedy or guided by a detector",
-                       description="Answer one prompt (--prompt, or --context and --question) or every record of a "
-                                   "JSONL file (--input/--output, resumed by id) with the scoring model. With "
-                                   "--guide, each step samples --candidates continuations of --chunk tokens and "
-                                   "keeps the one the detector finds least hallucinated (Lookback Lens Guided "
-                                   "Decoding); without it, greedy decoding. Records whose meta has SQuAD answers "
-                                   "are labelled with the same-model labelling rule.")
+                       description=add_parser.__doc__)
     p.add_argument("--guide", help="lookback, toha (the shipped artifacts for the input mode) or an artifact file "
                                    "of any detector; default: none (greedy)")
     p.add_argument("--input", help="JSONL with prompt (or context and question) per record")

@@ -12,14 +12,14 @@ from halwatch.progress import note
 
 
 def add_parser(sub) -> None:
+    """Serve detectors over HTTP: POST /v1/score (one item or a list), GET /v1/detectors, POST /v1/watch/check
+    (HalMit), with --upstream a guard proxy at POST /v1/chat/completions, a web page at /, the OpenAPI page at
+    /docs, /health/live, /health/ready and /metrics. Requests are batched into one forward pass. SIGTERM drains the
+    requests in flight, then stops."""
     from halwatch.serve.common import STREAM_POLICIES, add_server_options
 
     p = sub.add_parser("serve", help="HTTP scoring service: /v1/score, a guard proxy in front of an LLM, a web page",
-                       description="Serve detectors over HTTP: POST /v1/score (one item or a list), GET "
-                                   "/v1/detectors, POST /v1/watch/check (HalMit), with --upstream a guard proxy at "
-                                   "POST /v1/chat/completions, a web page at /, the OpenAPI page at /docs, "
-                                   "/health/live, /health/ready and /metrics. Requests are batched into one forward "
-                                   "pass. SIGTERM drains the requests in flight, then stops.")
+                       description=add_parser.__doc__)
     p.add_argument("--detector", nargs="+", help="shipped artifact names or artifact files to load; the first is "
                                                  "the default (default: the shipped 'default')")
     add_server_options(p, port=8080, timeout=120.0, queue_tokens=1 << 18, max_body_bytes=4 << 20)

@@ -48,13 +48,12 @@ def _domain_options(p, seeds: bool = True) -> None:
 
 
 def add_parser(sub) -> None:
+    """HalMit (Liu et al.): a black-box watchdog for a RAG agent over one domain (a SQuAD article or your documents):
+    the built-in agent, or yours behind an OpenAI-compatible endpoint (--agent). `explore` finds queries the agent
+    hallucinates on (fractal fan-out query generation, reinforced transform probabilities) and stores them as
+    boundary points; `check` tells whether a new query is likely to produce a hallucination (Algorithm 1)."""
     p = sub.add_parser("watch", help="HalMit watchdog: explore an agent's generalization bound, check queries",
-                       description="HalMit (Liu et al.): a black-box watchdog for a RAG agent over one domain (a "
-                                   "SQuAD article or your documents): the built-in agent, or yours behind an "
-                                   "OpenAI-compatible endpoint (--agent). `explore` finds queries the agent "
-                                   "hallucinates on (fractal fan-out query generation, reinforced transform "
-                                   "probabilities) and stores them as boundary points; `check` tells whether a new "
-                                   "query is likely to produce a hallucination (Algorithm 1).")
+                       description=add_parser.__doc__)
     wsub = p.add_subparsers(dest="watch_cmd", required=True, metavar="ACTION")
 
     pe = wsub.add_parser("explore", help="explore a domain's generalization bound into a vector store (resumable)")

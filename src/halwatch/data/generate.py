@@ -65,10 +65,10 @@ def generate_answer(scoring_model, prompt: str, input_mode: str, max_new_tokens:
     ``raw`` mode, where a base model has no end-of-turn token."""
     import torch
 
-    from halwatch.tokens import _prompt_ids
+    from halwatch.tokens import prompt_token_ids
 
     tok = scoring_model.tokenizer
-    ids = _prompt_ids(tok, prompt, input_mode)
+    ids = prompt_token_ids(tok, prompt, input_mode)
     with torch.inference_mode():
         device = scoring_model.device
         out = scoring_model.model.generate(torch.tensor([ids], device=device),

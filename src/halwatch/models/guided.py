@@ -20,7 +20,7 @@ import numpy as np
 from halwatch.errors import InputError
 from halwatch.models import forward
 from halwatch.models.sampling import answer_text, draw_tokens
-from halwatch.tokens import TokenView, _prompt_ids, answer_header_length
+from halwatch.tokens import TokenView, answer_header_length, prompt_token_ids
 
 
 @dataclass
@@ -68,7 +68,7 @@ def generate(scoring_model, prompt: str, input_mode: str, detector=None, max_new
     n = n_candidates if detector is not None else 1
     chunk = chunk if detector is not None else max_new_tokens  # unguided: one uninterrupted run
     request = detector.request() if detector is not None else None
-    prompt_ids = _prompt_ids(tok, prompt, input_mode)
+    prompt_ids = prompt_token_ids(tok, prompt, input_mode)
     n_header = answer_header_length(tok, prompt, input_mode, prompt_ids)
     if len(prompt_ids) < 2:
         raise InputError("the prompt is too short to answer (it needs at least two tokens)", where)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from halwatch.tokens import TokenView, _prompt_ids
+from halwatch.tokens import TokenView, prompt_token_ids
 
 #: Version of the sampling procedure, part of the signal-cache key of sampled answers (2: stop tokens are masked
 #: before the nucleus is taken).
@@ -202,7 +202,7 @@ def yes_probability(scoring_model, prompts: list[str], input_mode: str, batch_si
 
     tok, model = scoring_model.tokenizer, scoring_model.model
     yes, no = _yes_no_ids(tok)
-    encoded = [_prompt_ids(tok, p, input_mode) for p in prompts]
+    encoded = [prompt_token_ids(tok, p, input_mode) for p in prompts]
     out = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     pad = tok.pad_token_id or 0
