@@ -161,3 +161,17 @@ def halwatch(capsys):
         return subprocess.CompletedProcess(["halwatch", *args], code, out, err)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's Chromium, headless, driven by Playwright."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    path = "/usr/bin/chromium"
+    assert os.path.exists(path), "Debian's chromium package is needed (make test installs it)"
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        yield browser
+        browser.close()

@@ -405,20 +405,6 @@ def test_a_served_process_big_inputs_access_log_and_sigterm_drain(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def chromium():
-    """Debian's Chromium, headless, driven by Playwright."""
-    playwright = pytest.importorskip("playwright.sync_api")
-    path = "/usr/bin/chromium"
-    assert os.path.exists(path), "Debian's chromium package is needed (make test installs it)"
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        yield browser
-        browser.close()
-
-
-@pytest.fixture(scope="module")
 def guarded(smol):
     from halwatch.serve.llm import build_app as llm_app
 

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from halwatch.cli import bench, calibrate, data, fit, generate, models, score, serve, watch
+from halwatch.cli import bench, calibrate, data, fit, generate, models, report, score, serve, watch
 from halwatch.cli.bench import bench_default_kind as _bench_default_kind
 from halwatch.errors import HalwatchError
 from halwatch.progress import configure_logging, set_quiet
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"halwatch {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for command in (models, score, fit, calibrate, data, generate, bench, serve, watch):
+    for command in (models, score, fit, calibrate, report, data, generate, bench, serve, watch):
         command.add_parser(sub)
     return parser
 

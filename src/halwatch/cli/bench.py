@@ -22,7 +22,8 @@ from halwatch.cli.options import (
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
 BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer"),
                "serve": ("throughput", "overload", "drain", "stream")}
-BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "prior", "architectures")
+BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "prior", "architectures",
+               "report")
 
 
 def bench_default_kind(argv: list[str]) -> list[str]:
@@ -88,8 +89,14 @@ def _relevance(args) -> None:
                         response_tokens=args.response_tokens, repeats=args.repeats)
 
 
+def _report(args) -> None:
+    from halwatch.report.speed import run_report_speed
+
+    run_report_speed(args.scored, args.input, args.records, args.repeats, args.by)
+
+
 #: The bench kinds other than ``run``, each run by one function.
-_KINDS = {"speed": _speed, "serve": _serve, "invariance": _invariance, "calibration": _calibration,
+_KINDS = {"report": _report, "speed": _speed, "serve": _serve, "invariance": _invariance, "calibration": _calibration,
           "prior": _calibration, "architectures": _architectures, "relevance": _relevance}
 
 
@@ -121,11 +128,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark detectors under the papers' protocols, or measure speed",
                        description="Benchmarks, one kind per subcommand: run (the default when none is named) fits "
                                    "and evaluates detectors under the papers' protocols; speed, relevance and serve "
-                                   "measure time; invariance and calibration check the default's scores across "
-                                   "templates and its operating point. `halwatch bench KIND --help` for each.")
+                                   "measure time, and report the time of halwatch report; invariance and calibration "
+                                   "check the default's scores across templates and its operating point. `halwatch "
+                                   "bench KIND --help` for each.")
     kinds = p.add_subparsers(dest="what", metavar="KIND", required=True)
     for add in (_add_run, _add_speed, _add_architectures, _add_relevance,
-                _add_serve, _add_invariance, _add_calibration, _add_prior):
+                _add_serve, _add_invariance, _add_calibration, _add_prior, _add_report):
         add(kinds)
     p.set_defaults(func=cmd_bench)
 
@@ -216,6 +224,19 @@ def _add_architectures(kinds) -> None:
                                                   "refused by name, or not built",
                             description=_add_architectures.__doc__)
     arch.add_argument("--types", nargs="+", default=None, help="only these model types (default all)")
+
+
+def _add_report(kinds) -> None:
+    """Builds the HTML and the Markdown report (halwatch report) of --records scored records, made from a scored
+    file's records repeated (each copy a new id; with --input, their answers too), and prints the seconds each
+    took."""
+    rep = kinds.add_parser("report", help="the time halwatch report takes for many scored records",
+                           description=_add_report.__doc__)
+    rep.add_argument("--scored", required=True, help="a file halwatch score wrote, whose records are repeated")
+    rep.add_argument("--input", help="the file that was scored (the report then shows contexts and labels)")
+    rep.add_argument("--records", type=positive_int, default=10_000, help="records in the report (default 10000)")
+    rep.add_argument("--by", nargs="+", default=[], metavar="FIELD", help="as halwatch report --by")
+    rep.add_argument("--repeats", type=positive_int, default=3, help="timed builds per format (median; default 3)")
 
 
 def _add_relevance(kinds) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from halwatch.plots import figure, roc, save
+
 METRICS = ("auroc", "auc_pr", "f1", "accuracy", "precision", "recall", "trivial_f1")
 #: Span-level figures, present for detectors with token scores on data with gold spans (Bench.span_metrics).
 SPAN_METRICS = ("span_f1", "span_precision", "span_recall", "span_trivial_f1", "grounded_without_span",
@@ -77,73 +79,41 @@ def ranks_and_tests(rows, metric: str = "auroc") -> tuple[dict, list]:
 
 
 def _plot_roc(predictions, path: Path, dataset: str, protocol: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import roc_curve
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for p in predictions:
-        if p["dataset"] == dataset and p["protocol"] == protocol and p["seed"] == 0:
-            fpr, tpr, _ = roc_curve(p["labels"], p["probs"])
-            ax.plot(fpr, tpr, label=p["detector"])
-    ax.plot([0, 1], [0, 1], "k:", lw=0.8)
-    ax.set(xlabel="false positive rate", ylabel="true positive rate")
-    ax.set_title(f"ROC, {dataset} ({protocol}, seed 0)", fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    curves = {p["detector"]: (p["labels"], p["probs"]) for p in predictions
+              if p["dataset"] == dataset and p["protocol"] == protocol and p["seed"] == 0}
+    with figure((5, 5)) as (fig, ax):
+        roc(ax, curves, f"ROC, {dataset} ({protocol}, seed 0)")
+        save(fig, path)
 
 
 def plot_lines(series: dict, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     """``series``: name -> list of (x, mean, std)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in sorted(series.items()):
-        pts = sorted(pts)
-        xs, ms, ss = (np.array(v) for v in zip(*pts))
-        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=name)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure((6, 4)) as (fig, ax):
+        for name, pts in sorted(series.items()):
+            pts = sorted(pts)
+            xs, ms, ss = (np.array(v) for v in zip(*pts))
+            ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=name)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.legend(fontsize=7)
+        save(fig, path)
 
 
 def plot_delta_scatter(deltas_a, deltas_b, heads, names, path: Path, top: int = 10) -> None:
     """Figure 2: Δ of every head on dataset A (x) and B (y); the heads best on both are labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    ax.scatter(deltas_a, deltas_b, s=8, alpha=0.6)
-    best = np.argsort(-np.minimum(deltas_a, deltas_b))[:top]
-    for i in best:
-        ax.scatter(deltas_a[i], deltas_b[i], s=24, color="deeppink")
-        ax.annotate(f"L{heads[i][0]}H{heads[i][1]}", (deltas_a[i], deltas_b[i]), fontsize=7)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.axvline(0, color="k", lw=0.5)
-    ax.set(xlabel=f"Δ on {names[0]}", ylabel=f"Δ on {names[1]}", title="Δ_ij of MTop-Div per head (eq. 3)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure((5.5, 5)) as (fig, ax):
+        ax.scatter(deltas_a, deltas_b, s=8, alpha=0.6)
+        best = np.argsort(-np.minimum(deltas_a, deltas_b))[:top]
+        for i in best:
+            ax.scatter(deltas_a[i], deltas_b[i], s=24, color="deeppink")
+            ax.annotate(f"L{heads[i][0]}H{heads[i][1]}", (deltas_a[i], deltas_b[i]), fontsize=7)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.axvline(0, color="k", lw=0.5)
+        ax.set(xlabel=f"Δ on {names[0]}", ylabel=f"Δ on {names[1]}", title="Δ_ij of MTop-Div per head (eq. 3)")
+        save(fig, path)
 
 
 def plot_transfer(rows, path: Path, detector: str) -> None:
     """Figure 3c: AUROC of ``detector`` fitted on the row dataset and evaluated on the column dataset."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = {}
     for r in rows:
         if r["protocol"] == "transfer" and r["detector"] == detector:
@@ -155,19 +125,17 @@ def plot_transfer(rows, path: Path, detector: str) -> None:
     grid = np.full((len(names), len(names)), np.nan)
     for (src, dst), vals in cells.items():
         grid[names.index(src), names.index(dst)] = np.mean(vals)
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    im = ax.imshow(grid, vmin=0.4, vmax=0.9, cmap="viridis")
-    for i, j in itertools.product(range(len(names)), repeat=2):
-        if not np.isnan(grid[i, j]):
-            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="w", fontsize=8)
-    short = [n.split(":")[-1] for n in names]
-    ax.set_xticks(range(len(names)), short, rotation=30, fontsize=7)
-    ax.set_yticks(range(len(names)), short, fontsize=7)
-    ax.set(xlabel="evaluated on", ylabel="fitted on", title=f"transfer AUROC, {detector}")
-    fig.colorbar(im)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure((5.5, 4.5)) as (fig, ax):
+        im = ax.imshow(grid, vmin=0.4, vmax=0.9, cmap="viridis")
+        for i, j in itertools.product(range(len(names)), repeat=2):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="w", fontsize=8)
+        short = [n.split(":")[-1] for n in names]
+        ax.set_xticks(range(len(names)), short, rotation=30, fontsize=7)
+        ax.set_yticks(range(len(names)), short, fontsize=7)
+        ax.set(xlabel="evaluated on", ylabel="fitted on", title=f"transfer AUROC, {detector}")
+        fig.colorbar(im)
+        save(fig, path)
 
 
 def _bootstrap_tables(preds, protocol, probe, mode) -> list[str]:

@@ -417,13 +417,23 @@ def stop_pgserver(folder) -> bool:
     """Stop the PostgreSQL server of a ``pgserver:DIR`` store, whoever started it (a process that was killed leaves
     it running: pgserver stops a server when its last opener exits cleanly). True when one was running."""
     import os
+    import subprocess
 
     from pgserver.postgres_server import pg_ctl
 
     data = Path(folder).resolve()
     if not (data / "postmaster.pid").exists():
         return False
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user="pgserver" if os.geteuid() == 0 else None)
+    user = "pgserver" if os.geteuid() == 0 else None
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user)
+    except subprocess.CalledProcessError:
+        # its last opener's own stop may have got there first (the PID file is read, then the server is gone)
+        try:
+            pg_ctl(["status"], pgdata=data, user=user)
+        except subprocess.CalledProcessError:  # pg_ctl status exits 3 when no server runs there: stopped
+            return False
+        raise
     return True
 
 
