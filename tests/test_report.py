@@ -98,7 +98,7 @@ def test_markdown_report_and_bad_input_write_nothing(scored, tmp_path, capsys):
     lines = scored_path.read_text().splitlines()
     cases = [
         (lines[:3] + ['{"id": "x", "score": "high"}'] + lines[3:], [], "bad.jsonl:4 (id=x): not a scored result"),
-        (lines[:2] + ["not json"], [], "bad.jsonl:3: not a JSON line"),
+        (lines[:2] + ["not json"], [], "bad.jsonl:3: not valid JSON"),
         (lines + [json.dumps({**results[0], "id": "elsewhere"})], [], "id=elsewhere: no answer with this id"),
         (lines, ["--by", "route"], "--by route: no answer has this field"),
     ]

@@ -80,12 +80,9 @@ def sample_record(sample: Sample) -> dict:
     return record
 
 
-def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False,
-               task: str | None = None) -> list[Sample]:
-    """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
-    ``skip_invalid`` is reported through ``on_skip(error)`` and skipped. ``prompts_only``: records need no
-    ``response`` (any is ignored; the samples carry :data:`NO_RESPONSE`), for generating answers. ``task``: the
-    task of records that name none."""
+def json_lines(path: str | Path) -> list[tuple[int, bytes]]:
+    """``(line number, bytes)`` of every non-blank line of a JSONL file (``.gz`` read compressed), or an
+    :class:`InputError` naming the file it cannot read."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -93,21 +90,32 @@ def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, promp
             lines = f.read().split(b"\n")
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+    return [(lineno, raw) for lineno, raw in enumerate(lines, start=1) if raw.strip()]
+
+
+def parse_line(raw: bytes, where: str):
+    """The JSON value of one line, or an :class:`InputError` at ``where`` saying what is wrong with it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})", where) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", where) from None
+
+
+def read_jsonl(path: str | Path, skip_invalid: bool = False, on_skip=None, prompts_only: bool = False,
+               task: str | None = None) -> list[Sample]:
+    """Read samples; a bad record raises :class:`InputError` naming ``file:line`` (and id), or with
+    ``skip_invalid`` is reported through ``on_skip(error)`` and skipped. ``prompts_only``: records need no
+    ``response`` (any is ignored; the samples carry :data:`NO_RESPONSE`), for generating answers. ``task``: the
+    task of records that name none."""
     samples = []
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
+    for lineno, raw in json_lines(path):
         where = f"{path}:{lineno}"
         try:
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                                 where) from None
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", where) from None
+            record = parse_line(raw, where)
             if isinstance(record, dict) and record.get("id") is None:
                 record["id"] = str(lineno)
             samples.append(sample_from_record(record, where, prompts_only, task))

@@ -7,7 +7,16 @@ from html import escape
 
 from halwatch.plots import svg
 from halwatch.report.figures import draw
-from halwatch.report.summary import Share, Summary
+from halwatch.report.summary import (
+    TARGET_COLUMNS,
+    Summary,
+    metric_cells,
+    percent,
+    segments,
+    share_cells,
+    share_columns,
+    target_cells,
+)
 
 #: Characters of an answer's context shown beside it.
 CONTEXT_CHARS = 600
@@ -24,35 +33,18 @@ white-space:pre-wrap}mark{background:#ffd0d0;border-bottom:2px solid #d33}.respo
 """
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f} %"
+def _table(header, rows, attrs: str = "") -> str:
+    return (f"<table{attrs}><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
 
 
-def _share_row(s: Share, labelled: bool) -> str:
-    low, high = s.interval
-    cells = [escape(s.name), str(s.n), str(s.flagged), _pct(s.share), f"{_pct(low)} to {_pct(high)}",
-             f"{s.mean_score:.3f}"]
-    if labelled:
-        cells.append("-" if s.auroc is None else f"{s.auroc:.3f}")
-    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-
-
-def _share_table(rows: list[Share], first: str, labelled: bool) -> str:
-    head = [first, "answers", "flagged", "share flagged", "95 % interval", "mean score"] + (["AUROC"] if labelled
-                                                                                          else [])
-    return ("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"
-            + "".join(_share_row(r, labelled) for r in rows) + "</table>")
+def _mark(text: str, span) -> str:
+    return f'<mark title="confidence {span.confidence:.2f}">{escape(text)}</mark>'
 
 
 def highlighted(response: str, spans) -> str:
     """The response with each flagged span in a ``<mark>`` whose title is its confidence (shown on hover)."""
-    out, at = [], 0
-    for span in sorted(spans, key=lambda s: s.start):
-        out.append(escape(response[at:span.start]))
-        out.append(f'<mark title="confidence {span.confidence:.2f}">{escape(response[span.start:span.end])}</mark>')
-        at = span.end
-    out.append(escape(response[at:]))
-    return "".join(out)
+    return "".join(escape(piece) if span is None else _mark(piece, span) for piece, span in segments(response, spans))
 
 
 def _answer(item) -> str:
@@ -63,7 +55,7 @@ def _answer(item) -> str:
     head = (f'<div class="head">{escape(r.id)}: score {r.score:.3f} ({verdict}, threshold {r.threshold:.3f})'
             f'{escape(" · task " + r.task) if r.task else ""}{label}</div>')
     if sample is None:
-        spans = ", ".join(f"<mark title=\"confidence {s.confidence:.2f}\">{escape(s.text)}</mark>" for s in r.spans)
+        spans = ", ".join(_mark(s.text, s) for s in r.spans)
         return (f'<div class="answer" data-id="{escape(r.id)}">{head}<div class="response">flagged: '
                 f'{spans or "no span"}</div><div class="muted">give --input for the context and the whole '
                 f"answer</div></div>")
@@ -76,18 +68,11 @@ def _answer(item) -> str:
 
 
 def _labelled(metrics: dict) -> str:
-    rows = [("answers with a label", str(metrics["answers"])), ("hallucinated", str(metrics["hallucinated"])),
-            ("AUROC", f"{metrics['auroc']:.3f}"), ("FPR at the threshold", f"{metrics['fpr']:.3f}"),
-            ("TPR at the threshold", f"{metrics['tpr']:.3f}"), ("F1", f"{metrics['f1']:.3f}"),
-            ("calibration error (ECE)", f"{metrics['ece']:.3f}")]
-    table = ("<table id=\"metrics\">" + "".join(f'<tr><td>{a}</td><td data-metric="{a}">{b}</td></tr>'
-                                              for a, b in rows) + "</table>")
-    targets = ("<table><tr><th>--target-fpr</th><th>threshold</th><th>FPR here</th><th>TPR here</th></tr>"
-               + "".join(f"<tr><td>{t['target_fpr']}</td><td>{t['threshold']:.3f}</td><td>{t['fpr']:.3f}</td>"
-                         f"<td>{t['tpr']:.3f}</td></tr>" for t in metrics["targets"]) + "</table>")
+    table = ('<table id="metrics">' + "".join(f'<tr><td>{a}</td><td data-metric="{a}">{b}</td></tr>'
+                                              for a, b in metric_cells(metrics)) + "</table>")
     return (f"<h2>Against the labels</h2>{table}<p>The threshold <code>halwatch calibrate --target-fpr RATE</code> "
             f"would pick on these answers, and the rates it reaches on them (in sample: set and read on the same "
-            f"answers; on new ones the rates move):</p>{targets}")
+            f"answers; on new ones the rates move):</p>{_table(TARGET_COLUMNS, target_cells(metrics))}")
 
 
 def render(summary: Summary, title: str) -> str:
@@ -98,11 +83,12 @@ def render(summary: Summary, title: str) -> str:
     low, high = o.interval
     parts = [f"<h1>{escape(title)}</h1>",
              f'<p id="overall"><b>{o.n}</b> answers, <b>{o.flagged}</b> flagged as hallucinated: '
-             f'<b data-share="{o.share:.6f}">{_pct(o.share)}</b> (95 % interval {_pct(low)} to {_pct(high)}); '
+             f'<b data-share="{o.share:.6f}">{percent(o.share)}</b> (95 % interval {percent(low)} to {percent(high)}); '
              f"mean score {o.mean_score:.3f}.</p>",
              '<div class="figures">' + "".join(figures.values()) + "</div>"]
     for name, rows in summary.breakdowns.items():
-        parts.append(f"<h2>By {escape(name)}</h2>{_share_table(rows, name, labelled)}")
+        table = _table(share_columns(name, labelled), [share_cells(r, labelled) for r in rows])
+        parts.append(f"<h2>By {escape(name)}</h2>{table}")
     if labelled:
         parts.append(_labelled(summary.labelled))
     parts.append("<h2>Read first: the highest scores</h2>" + "".join(_answer(s) for s in summary.first["highest"]))

@@ -7,27 +7,29 @@ from pathlib import Path
 
 from halwatch.plots import png
 from halwatch.report.figures import draw
-from halwatch.report.summary import Share, Summary
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f} %"
+from halwatch.report.summary import (
+    TARGET_COLUMNS,
+    Summary,
+    metric_cells,
+    percent,
+    segments,
+    share_cells,
+    share_columns,
+    target_cells,
+)
 
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _share_table(rows: list[Share], first: str, labelled: bool) -> list[str]:
-    head = [first, "answers", "flagged", "share flagged", "95 % interval", "mean score"] + (["AUROC"] if labelled
-                                                                                          else [])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in rows:
-        low, high = s.interval
-        cells = [_cell(s.name), str(s.n), str(s.flagged), _pct(s.share), f"{_pct(low)} to {_pct(high)}",
-                 f"{s.mean_score:.3f}"] + (["-" if s.auroc is None else f"{s.auroc:.3f}"] if labelled else [])
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+def _table(header, rows) -> list[str]:
+    return (["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows])
+
+
+def _mark(text: str, span) -> str:
+    return f"<mark>{text}</mark> ({span.confidence:.2f})"
 
 
 def _answer(item) -> list[str]:
@@ -38,14 +40,11 @@ def _answer(item) -> list[str]:
     if sample is not None:
         if sample.question:
             lines.append(f"  - question: {_cell(sample.question)}")
-        text, at, marked = sample.response, 0, []
-        for span in sorted(r.spans, key=lambda s: s.start):
-            marked += [text[at:span.start], f"<mark>{text[span.start:span.end]}</mark> ({span.confidence:.2f})"]
-            at = span.end
-        lines.append(f"  - answer: {_cell(''.join(marked) + text[at:])}")
+        marked = "".join(piece if span is None else _mark(piece, span) for piece, span in segments(sample.response,
+                                                                                                    r.spans))
+        lines.append(f"  - answer: {_cell(marked)}")
     else:
-        lines.append("  - flagged: " + (", ".join(f"<mark>{_cell(s.text)}</mark> ({s.confidence:.2f})"
-                                                  for s in r.spans) or "no span"))
+        lines.append("  - flagged: " + (", ".join(_mark(_cell(s.text), s) for s in r.spans) or "no span"))
     return lines
 
 
@@ -61,21 +60,18 @@ def render(summary: Summary, title: str, path: Path) -> dict[str, bytes]:
     labelled = summary.labelled is not None
     o = summary.overall
     low, high = o.interval
-    lines = [f"# {title}", "", f"**{o.n}** answers, **{o.flagged}** flagged as hallucinated: **{_pct(o.share)}** "
-             f"(95 % interval {_pct(low)} to {_pct(high)}); mean score {o.mean_score:.3f}.", "",
+    lines = [f"# {title}", "", f"**{o.n}** answers, **{o.flagged}** flagged as hallucinated: **{percent(o.share)}** "
+             f"(95 % interval {percent(low)} to {percent(high)}); mean score {o.mean_score:.3f}.", "",
              " ".join(figures.values()), ""]
     for name, rows in summary.breakdowns.items():
-        lines += [f"## By {name}", "", *_share_table(rows, name, labelled), ""]
+        lines += [f"## By {name}", "", *_table(share_columns(name, labelled), [share_cells(r, labelled) for r in rows]),
+                  ""]
     if labelled:
         m = summary.labelled
-        lines += ["## Against the labels", "", "| answers with a label | hallucinated | AUROC | FPR | TPR | F1 | ECE |",
-                  "|---|---|---|---|---|---|---|",
-                  f"| {m['answers']} | {m['hallucinated']} | {m['auroc']:.3f} | {m['fpr']:.3f} | {m['tpr']:.3f} | "
-                  f"{m['f1']:.3f} | {m['ece']:.3f} |", "",
+        cells = metric_cells(m)
+        lines += ["## Against the labels", "", *_table([a for a, _ in cells], [[b for _, b in cells]]), "",
                   "The threshold `halwatch calibrate --target-fpr RATE` would pick on these answers (in sample):", "",
-                  "| --target-fpr | threshold | FPR here | TPR here |", "|---|---|---|---|",
-                  *(f"| {t['target_fpr']} | {t['threshold']:.3f} | {t['fpr']:.3f} | {t['tpr']:.3f} |"
-                    for t in m["targets"]), ""]
+                  *_table(TARGET_COLUMNS, target_cells(m)), ""]
     lines += ["## Read first: the highest scores", ""]
     lines += [line for s in summary.first["highest"] for line in _answer(s)]
     if summary.first["uncertain"]:

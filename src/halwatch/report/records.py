@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,20 +36,12 @@ def read_scored(path: str | Path) -> list[Result]:
     """Every result of a scored JSONL file, or an :class:`InputError` naming the first line that is not one."""
     from pydantic import ValidationError
 
-    path = Path(path)
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+    from halwatch.data.jsonl import json_lines, parse_line
+
     results, seen = [], set()
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
+    for lineno, raw in json_lines(path):
         where = f"{path}:{lineno}"
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"not a JSON line ({exc})", where) from None
+        record = parse_line(raw, where)
         if not isinstance(record, dict):
             raise InputError("not a scored result (a JSON object per line, as halwatch score writes)", where)
         if record.get("id") is not None:
