@@ -27,11 +27,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from halwatch.eval.protocols import SCORED_SPLIT
 
-#: As ``halwatch.eval.protocols.SCORED_SPLIT`` (kept here so the script runs without the package).
-SCORED_SPLIT = {"dev": "dev", "official": "test", "ragtruth-official": "test", "transfer": "test",
-                "random-splits": "random", "kfold": "fold"}
+HERE = Path(__file__).resolve().parent
 
 
 def bench_commands(folder: Path) -> list[dict]:
