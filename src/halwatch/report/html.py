@@ -6,17 +6,9 @@ from __future__ import annotations
 from html import escape
 
 from halwatch.plots import svg
+from halwatch.report import cells
 from halwatch.report.figures import draw
-from halwatch.report.summary import (
-    TARGET_COLUMNS,
-    Summary,
-    metric_cells,
-    percent,
-    segments,
-    share_cells,
-    share_columns,
-    target_cells,
-)
+from halwatch.report.summary import Summary
 
 #: Characters of an answer's context shown beside it.
 CONTEXT_CHARS = 600
@@ -44,7 +36,8 @@ def _mark(text: str, span) -> str:
 
 def highlighted(response: str, spans) -> str:
     """The response with each flagged span in a ``<mark>`` whose title is its confidence (shown on hover)."""
-    return "".join(escape(piece) if span is None else _mark(piece, span) for piece, span in segments(response, spans))
+    return "".join(escape(piece) if span is None else _mark(piece, span)
+                   for piece, span in cells.segments(response, spans))
 
 
 def _answer(item) -> str:
@@ -69,10 +62,10 @@ def _answer(item) -> str:
 
 def _labelled(metrics: dict) -> str:
     table = ('<table id="metrics">' + "".join(f'<tr><td>{a}</td><td data-metric="{a}">{b}</td></tr>'
-                                              for a, b in metric_cells(metrics)) + "</table>")
+                                              for a, b in cells.metric_cells(metrics)) + "</table>")
     return (f"<h2>Against the labels</h2>{table}<p>The threshold <code>halwatch calibrate --target-fpr RATE</code> "
             f"would pick on these answers, and the rates it reaches on them (in sample: set and read on the same "
-            f"answers; on new ones the rates move):</p>{_table(TARGET_COLUMNS, target_cells(metrics))}")
+            f"answers; on new ones the rates move):</p>{_table(cells.TARGET_COLUMNS, cells.target_cells(metrics))}")
 
 
 def render(summary: Summary, title: str) -> str:
@@ -83,11 +76,12 @@ def render(summary: Summary, title: str) -> str:
     low, high = o.interval
     parts = [f"<h1>{escape(title)}</h1>",
              f'<p id="overall"><b>{o.n}</b> answers, <b>{o.flagged}</b> flagged as hallucinated: '
-             f'<b data-share="{o.share:.6f}">{percent(o.share)}</b> (95 % interval {percent(low)} to {percent(high)}); '
+             f'<b data-share="{o.share:.6f}">{cells.percent(o.share)}</b> (95 % interval {cells.percent(low)} to '
+             f'{cells.percent(high)}); '
              f"mean score {o.mean_score:.3f}.</p>",
              '<div class="figures">' + "".join(figures.values()) + "</div>"]
     for name, rows in summary.breakdowns.items():
-        table = _table(share_columns(name, labelled), [share_cells(r, labelled) for r in rows])
+        table = _table(cells.share_columns(name, labelled), [cells.share_cells(r, labelled) for r in rows])
         parts.append(f"<h2>By {escape(name)}</h2>{table}")
     if labelled:
         parts.append(_labelled(summary.labelled))

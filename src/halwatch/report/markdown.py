@@ -6,17 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from halwatch.plots import png
+from halwatch.report import cells
 from halwatch.report.figures import draw
-from halwatch.report.summary import (
-    TARGET_COLUMNS,
-    Summary,
-    metric_cells,
-    percent,
-    segments,
-    share_cells,
-    share_columns,
-    target_cells,
-)
+from halwatch.report.summary import Summary
 
 
 def _cell(text: str) -> str:
@@ -40,8 +32,8 @@ def _answer(item) -> list[str]:
     if sample is not None:
         if sample.question:
             lines.append(f"  - question: {_cell(sample.question)}")
-        marked = "".join(piece if span is None else _mark(piece, span) for piece, span in segments(sample.response,
-                                                                                                    r.spans))
+        marked = "".join(piece if span is None else _mark(piece, span)
+                         for piece, span in cells.segments(sample.response, r.spans))
         lines.append(f"  - answer: {_cell(marked)}")
     else:
         lines.append("  - flagged: " + (", ".join(_mark(_cell(s.text), s) for s in r.spans) or "no span"))
@@ -60,18 +52,19 @@ def render(summary: Summary, title: str, path: Path) -> dict[str, bytes]:
     labelled = summary.labelled is not None
     o = summary.overall
     low, high = o.interval
-    lines = [f"# {title}", "", f"**{o.n}** answers, **{o.flagged}** flagged as hallucinated: **{percent(o.share)}** "
-             f"(95 % interval {percent(low)} to {percent(high)}); mean score {o.mean_score:.3f}.", "",
+    lines = [f"# {title}", "", f"**{o.n}** answers, **{o.flagged}** flagged as hallucinated: "
+             f"**{cells.percent(o.share)}** (95 % interval {cells.percent(low)} to {cells.percent(high)}); mean score "
+             f"{o.mean_score:.3f}.", "",
              " ".join(figures.values()), ""]
     for name, rows in summary.breakdowns.items():
-        lines += [f"## By {name}", "", *_table(share_columns(name, labelled), [share_cells(r, labelled) for r in rows]),
-                  ""]
+        rows = [cells.share_cells(r, labelled) for r in rows]
+        lines += [f"## By {name}", "", *_table(cells.share_columns(name, labelled), rows), ""]
     if labelled:
         m = summary.labelled
-        cells = metric_cells(m)
-        lines += ["## Against the labels", "", *_table([a for a, _ in cells], [[b for _, b in cells]]), "",
+        figures_of = cells.metric_cells(m)
+        lines += ["## Against the labels", "", *_table([a for a, _ in figures_of], [[b for _, b in figures_of]]), "",
                   "The threshold `halwatch calibrate --target-fpr RATE` would pick on these answers (in sample):", "",
-                  *_table(TARGET_COLUMNS, target_cells(m)), ""]
+                  *_table(cells.TARGET_COLUMNS, cells.target_cells(m)), ""]
     lines += ["## Read first: the highest scores", ""]
     lines += [line for s in summary.first["highest"] for line in _answer(s)]
     if summary.first["uncertain"]:
