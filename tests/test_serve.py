@@ -5,6 +5,7 @@ Chromium for the page)."""
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -434,6 +435,15 @@ def test_guard_proxy_adds_a_verdict_plain_and_streamed(guarded):
         "messages": [{"role": "user", "content": INSULIN["question"]}], "halwatch_context": INSULIN["context"],
         "temperature": 0, "max_tokens": 24}).json()
     assert named["halwatch"]["context_from"] == "halwatch_context" and 0 < named["halwatch"]["score"] < 1
+    cited = httpx.post(guarded.url + "/v1/chat/completions", timeout=120, json={
+        "messages": messages, "temperature": 0, "max_tokens": 24, "halwatch_evidence": "attention"}).json()
+    assert cited["choices"][0]["message"]["content"] == answer
+    sentences = cited["halwatch"]["evidence"]
+    assert sentences and re.sub(r"\W", "", "".join(s["text"] for s in sentences)) == re.sub(r"\W", "", answer)
+    assert all(x["field"] == "context" and x["text"] in INSULIN["context"] for s in sentences for x in s["sources"])
+    bad_mode = httpx.post(guarded.url + "/v1/chat/completions", json={"messages": messages,
+                                                                      "halwatch_evidence": "relevance"})
+    assert bad_mode.status_code == 400 and "halwatch_evidence" in bad_mode.text
 
     with httpx.stream("POST", guarded.url + "/v1/chat/completions", timeout=120, json={
             "messages": messages, "temperature": 0, "max_tokens": 24, "stream": True}) as r:
@@ -494,9 +504,11 @@ def test_stream_policies_through_the_official_client(guarded):
     assert bad.status_code == 400 and "annotate, hold, stop" in bad.json()["error"]["message"]
 
 
-def _check_on_page(page, url: str, item: dict, detector: str):
-    """Type ``item`` into the page at ``url``, check it with ``detector`` and return the highlighted marks."""
-    page.goto(url + "/")
+def _check_on_page(page, url: str, item: dict, detector: str, reload: bool = True):
+    """Type ``item`` into the page at ``url`` (opened anew unless ``reload`` is false), check it with ``detector``
+    and return the highlighted marks."""
+    if reload:
+        page.goto(url + "/")
     page.wait_for_selector(f"#detector option[value='{detector}']", state="attached")
     for field, key in (("#context", "context"), ("#question", "question"), ("#answer", "response")):
         page.fill(field, item[key])
@@ -547,6 +559,48 @@ def test_the_default_highlights_the_made_up_words_on_the_page(service, chromium)
     assert all(span["confidence"] >= (confidences[0] + confidences[-1]) / 2 for span in strict["spans"])
     refused = httpx.post(service.url + "/v1/score", json={**EIFFEL, "min_span_confidence": 1.5})
     assert refused.status_code == 422 and "min_span_confidence" in refused.text
+
+
+def test_evidence_over_http_typed_and_on_the_page(service, chromium, smol):
+    """Evidence asked for over HTTP is typed in the OpenAPI document and equals the library's; on the page,
+    hovering an answer sentence lights its sources in the context, and a flagged sentence says it has none."""
+    import halwatch as hw
+
+    item = {"context": "The Eiffel Tower was completed in 1889 for the World's Fair. It stands on the Champ de Mars "
+                       "in Paris. Gustave Eiffel's company designed and built it. The tower is 330 metres tall.",
+            "question": "Who built the Eiffel Tower, and how tall is it?",
+            "response": "Gustave Eiffel's company built it. The tower is 500 metres tall and was designed by Le "
+                        "Corbusier."}
+    got = httpx.post(service.url + "/v1/score", json={**item, "evidence": "attention"}, timeout=120).json()
+    local = hw.load(model=smol).check(**item, evidence="attention")
+    assert [(s["start"], s["end"], s["supported"], [x["text"] for x in s["sources"]]) for s in got["evidence"]] == [
+        (s.start, s.end, s.supported, [x.text for x in s.sources]) for s in local.evidence]
+    schema = httpx.get(service.url + "/openapi.json").json()["components"]["schemas"]
+    assert {"SentenceEvidence", "Source"} <= set(schema) and "evidence" in schema["ScoreItem"]["properties"]
+    for mode in ("nope", "relevance"):  # relevance (seconds per answer) is the library's, not the service's
+        refused = httpx.post(service.url + "/v1/score", json={**item, "evidence": mode})
+        assert refused.status_code == 422 and "evidence" in refused.text
+    page = chromium.new_page()
+    try:
+        page.goto(service.url + "/")
+        page.check("#evidence")
+        _check_on_page(page, service.url, item, "default", reload=False)
+        sentences = page.locator(".result .sentence")
+        assert sentences.count() == len(got["evidence"]) == 2
+        for i, expected in enumerate(got["evidence"]):
+            sentences.nth(i).hover()
+            lit = page.locator(".result .source.lit")
+            assert [lit.nth(k).inner_text() for k in range(lit.count())] == [
+                x["text"] for x in sorted(expected["sources"], key=lambda x: x["start"])]
+            note = page.inner_text(".result .evidence-note")
+            assert note.startswith("No evidence") != expected["supported"]
+        assert not got["evidence"][1]["supported"] and got["evidence"][0]["sources"]
+        page.uncheck("#evidence")  # off: the answer alone, as before
+        page.click("#check")
+        page.wait_for_selector(".result .answer")
+        assert page.locator(".result .sentence").count() == 0 and page.locator(".result .context").count() == 0
+    finally:
+        page.close()
 
 
 def test_with_a_key_the_page_and_docs_open_the_api_closed_and_the_contract_fuzzed(smol, chromium, tmp_path):

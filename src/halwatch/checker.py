@@ -43,23 +43,27 @@ class Checker:
 
     def check(self, response: str, context: str | list[str] | None = None, question: str | None = None,
               prompt: str | None = None, task: str | None = None, id: str | None = None,
-              min_span_confidence: float | None = None) -> Result:
+              min_span_confidence: float | None = None, evidence: str | None = None) -> Result:
         """The verdict on one answer: ``response`` to ``context`` (several passages: a list, joined by blank lines)
         and ``question`` where the task has one, or to a whole ``prompt``. ``task``: ``qa``, ``summary``,
         ``dialogue`` or ``data2text`` (default: qa with a question, summary without). ``min_span_confidence``: leave
-        out spans below this confidence (default: the detector's)."""
+        out spans below this confidence (default: the detector's). ``evidence``: ``attention`` (from the pass, a few
+        percent more time) or ``relevance`` (exact, a backward pass per response token) gives each response
+        sentence its sources in the context (``result.evidence``, :mod:`halwatch.evidence`)."""
         record = {"id": id, "prompt": prompt, "context": context, "question": question, "task": task,
                   "response": response}
         return self.check_many([{k: v for k, v in record.items() if v is not None}],
-                               min_span_confidence=min_span_confidence)[0]
+                               min_span_confidence=min_span_confidence, evidence=evidence)[0]
 
     def check_many(self, records: list, batch_size: int | None = ..., progress: bool = False,
-                   min_span_confidence: float | None = None) -> list[Result]:
+                   min_span_confidence: float | None = None, evidence: str | None = None) -> list[Result]:
         """The verdicts on many answers, in order: each a dict of the generic JSONL format (``id``, ``prompt`` or
         ``context`` (a string or a list of passages) with ``question``, ``task``, ``response``; an ``id`` left out
         is the record's index) or a :class:`~halwatch.sample.Sample`. ``batch_size``: answers per forward pass
         (``None``: as many as fit the scorer's token budget; default: the checker's). Every record is checked before
-        any is scored: the first bad one raises its :class:`~halwatch.errors.InputError`, naming it."""
+        any is scored: the first bad one raises its :class:`~halwatch.errors.InputError`, naming it. ``evidence``:
+        as :meth:`check`."""
+        check_evidence(evidence)
         samples = [as_sample(r, i) for i, r in enumerate(records)]
         if not samples:
             return []
@@ -70,11 +74,20 @@ class Checker:
         with self._lock:
             _, answers = encoded(self.pipeline, samples, skip_invalid=False)
             if not progress:
-                return self.pipeline.score(answers, min_span_confidence, batch_size=batch_size)
+                return self.pipeline.score(answers, min_span_confidence, batch_size=batch_size, evidence=evidence)
             from halwatch.progress import progress as progress_bar
 
             with progress_bar(total=sum(len(a) for a in answers), desc="forward", unit="sample") as bar:
-                return self.pipeline.score(answers, min_span_confidence, bar=bar, batch_size=batch_size)
+                return self.pipeline.score(answers, min_span_confidence, bar=bar, batch_size=batch_size,
+                                           evidence=evidence)
+
+
+def check_evidence(mode) -> None:
+    """Refuse an evidence mode that is not one of :data:`halwatch.evidence.MODES` (or ``None``)."""
+    from halwatch.evidence import MODES
+
+    if mode is not None and mode not in MODES:
+        raise InputError(f"unknown evidence mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
 def as_sample(record, index: int) -> Sample:

@@ -36,15 +36,26 @@ class Pipeline:
         return self.scorer.encode_many(samples, keep_errors=keep_errors)
 
     def score(self, answers: list[list[TokenView]], min_span_confidence: float | None = None, bar=None,
-              batch_size=...) -> list[Result]:
+              batch_size=..., evidence: str | None = None) -> list[Result]:
         """The results of ``answers`` (each its views, as :meth:`encode` gives them) from one batched pass.
         ``min_span_confidence``: leave out weaker spans (default: the detector's own). ``bar``: a progress bar
-        advanced by every view. ``batch_size``: answers per forward pass, where not the scorer's."""
-        return score_jobs([Job(self, views, min_span_confidence) for views in answers], bar=bar,
+        advanced by every view. ``batch_size``: answers per forward pass, where not the scorer's. ``evidence``:
+        each answer sentence's sources in the context, by ``attention`` or ``relevance``
+        (:mod:`halwatch.evidence`); ``None``: none."""
+        return score_jobs([Job(self, views, min_span_confidence, evidence) for views in answers], bar=bar,
                           batch_size=batch_size)
 
+    def request(self, evidence: str | None = None):
+        """What the pass must return for the detector's verdicts, and for ``evidence`` where asked."""
+        request = self.detector.request()
+        if evidence is None:
+            return request
+        from halwatch import evidence as evidence_lib
+
+        return request.merge(evidence_lib.request(self.scorer.model, evidence))
+
     def stream(self, answers: list[list[TokenView]], progress: bool = False, min_span_confidence=None,
-               chunk: int | None = None) -> Iterator[Result]:
+               chunk: int | None = None, evidence: str | None = None) -> Iterator[Result]:
         """:meth:`score` of ``answers`` in order, :data:`CHUNK` views at a time (an answer's windows in one chunk),
         under one progress bar: memory stays flat however many there are."""
         from halwatch.progress import progress as progress_bar
@@ -52,22 +63,29 @@ class Pipeline:
         with progress_bar(total=sum(len(a) for a in answers), disable=not progress, desc="forward",
                           unit="sample") as bar:
             for run in runs_within([len(a) for a in answers], chunk or CHUNK):
-                yield from self.score(answers[run.start:run.stop], min_span_confidence, bar=bar)
+                yield from self.score(answers[run.start:run.stop], min_span_confidence, bar=bar, evidence=evidence)
 
     @timed("detector: scores and spans")
-    def results(self, views: list[TokenView], signals: list, min_span_confidence: float | None = None
-                ) -> list[Result]:
+    def results(self, views: list[TokenView], signals: list, min_span_confidence: float | None = None,
+                evidence: str | None = None) -> list[Result]:
         """The results of answers whose ``views`` (an answer's windows together) and ``signals`` are at hand."""
-        return [Result(**v) for v in self.detector.verdicts(views, signals, min_span_confidence)]
+        found = self.detector.verdicts(views, signals, min_span_confidence, sentences=evidence is not None)
+        if evidence is not None:
+            from halwatch import evidence as evidence_lib
+
+            evidence_lib.attach(found, views, signals, self.scorer.model.tokenizer, evidence)
+        return [Result(**v) for v in found]
 
 
 @dataclass
 class Job:
-    """One answer for :func:`score_jobs`: the pipeline that judges it, its views, and its span confidence floor."""
+    """One answer for :func:`score_jobs`: the pipeline that judges it, its views, its span confidence floor, and
+    how its evidence is found (``None``: none)."""
 
     pipeline: Pipeline
     views: list[TokenView]
     min_span_confidence: float | None = None
+    evidence: str | None = None
 
 
 def score_jobs(jobs: list[Job], bar=None, batch_size=...) -> list[Result]:
@@ -80,20 +98,21 @@ def score_jobs(jobs: list[Job], bar=None, batch_size=...) -> list[Result]:
         by_scorer.setdefault(id(job.pipeline.scorer), []).append(i)
     for indices in by_scorer.values():
         scorer = jobs[indices[0]].pipeline.scorer
-        request = jobs[indices[0]].pipeline.detector.request()
-        for i in indices[1:]:
-            request = request.merge(jobs[i].pipeline.detector.request())
+        asked = {(id(jobs[i].pipeline), jobs[i].evidence): jobs[i] for i in indices}
+        request = jobs[indices[0]].pipeline.request(jobs[indices[0]].evidence)
+        for job in asked.values():
+            request = request.merge(job.pipeline.request(job.evidence))
         views = [v for i in indices for v in jobs[i].views]
         signals = iter(scorer.signals([v.sample for v in views], request, views=views, bar=bar,
                                       batch_size=batch_size))
         mine = {i: [next(signals) for _ in jobs[i].views] for i in indices}
-        together: dict[tuple[int, float | None], list[int]] = {}
+        together: dict[tuple, list[int]] = {}
         for i in indices:
-            together.setdefault((id(jobs[i].pipeline), jobs[i].min_span_confidence), []).append(i)
+            together.setdefault((id(jobs[i].pipeline), jobs[i].min_span_confidence, jobs[i].evidence), []).append(i)
         for group in together.values():
             job = jobs[group[0]]
             found = job.pipeline.results([v for i in group for v in jobs[i].views],
-                                         [s for i in group for s in mine[i]], job.min_span_confidence)
+                                         [s for i in group for s in mine[i]], job.min_span_confidence, job.evidence)
             for i, result in zip(group, found):
                 results[i] = result
     return results

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 #: Character offsets of spans are Python string indices: Unicode code points.
@@ -26,6 +28,30 @@ class Distance(BaseModel):
     extrapolated: bool = Field(description="farther than all but 1 % of the training answers")
 
 
+class Source(BaseModel):
+    """A sentence of the context (``field``: ``context``; ``prompt`` where no context was marked) that an answer
+    sentence rests on: ``context[start:end] == text``."""
+
+    start: int
+    end: int
+    text: str
+    weight: float = Field(description="the share of the answer sentence's attention (or relevance) on the context "
+                                      "that lands in this sentence")
+    field: Literal["context", "prompt"]
+
+
+class SentenceEvidence(BaseModel):
+    """One sentence of the response (``response[start:end] == text``) and the context sentences it rests on."""
+
+    start: int
+    end: int
+    text: str
+    support: float = Field(description="the chance that every word of the sentence is supported, from the "
+                                       "detector's token scores (its answer score where it has none)")
+    supported: bool = Field(description="false where a flagged span lies in the sentence: then it has no sources")
+    sources: list[Source]
+
+
 class Result(BaseModel):
     """One answer's verdict."""
 
@@ -45,8 +71,10 @@ class Result(BaseModel):
     ood: Distance | None = None
     task: str | None = Field(None, description="the task whose part of a routed detector judged the answer (its "
                                                "threshold is that part's)")
+    evidence: list[SentenceEvidence] | None = Field(None, description="each response sentence's sources in the "
+                                                                      "context, where asked (halwatch.evidence)")
 
     def to_dict(self) -> dict:
-        """The result as ``halwatch score`` writes it: every field, less ``ood`` and ``task`` where there are
-        none."""
+        """The result as ``halwatch score`` writes it: every field, less ``ood``, ``task`` and ``evidence`` where
+        there are none."""
         return self.model_dump(exclude_none=True)

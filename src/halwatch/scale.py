@@ -143,7 +143,7 @@ class ScoreActor:
     score`` writes it; empty on failure) and ``error`` (empty on success)."""
 
     def __init__(self, detector: str | dict, scorer_options: dict | None = None, threads: int | None = None,
-                 gpu_share: float = 0):
+                 gpu_share: float = 0, evidence: str | None = None):
         from halwatch.detectors import load_detector
         from halwatch.models.loader import share_device
         from halwatch.pipeline import Pipeline
@@ -151,6 +151,7 @@ class ScoreActor:
         _actor_threads(threads)
         self.pipeline = Pipeline(load_detector(detector, **{**(scorer_options or {}), "cache": None}))
         share_device(self.pipeline.scorer.model, gpu_share)  # load it now; a fraction of a GPU: its memory
+        self.evidence = evidence
 
 
     def __call__(self, batch: dict) -> dict:
@@ -188,7 +189,7 @@ class ScoreActor:
                 "error": np.array(errors, dtype=object)}
 
     def _score(self, chunk, samples, views, slots, results) -> None:
-        for j, result in zip(chunk, self.pipeline.score([views[j] for j in chunk])):
+        for j, result in zip(chunk, self.pipeline.score([views[j] for j in chunk], evidence=self.evidence)):
             results[slots[j]] = json.dumps(result.to_dict(), ensure_ascii=False)
 
 
@@ -240,12 +241,13 @@ def _items(records: list[dict]) -> list[dict]:
 
 
 def score_dataset(dataset, detector: str | dict = "default", scorer_options: dict | None = None, actors: int = 1,
-                  cpus_per_actor: float = 1, gpus_per_actor: float = 0, batch_size: int = 8):
+                  cpus_per_actor: float = 1, gpus_per_actor: float = 0, batch_size: int = 8,
+                  evidence: str | None = None):
     """A Ray Dataset of records (one column per JSONL field, or a ``record`` column of JSON texts) -> a lazy
     Dataset with columns ``id``, ``result`` (JSON text of the verdict) and ``error``, scored by ``actors`` actors
-    that each load the scoring model and ``detector`` once."""
-    return _map(dataset, ScoreActor, {"detector": detector, "scorer_options": scorer_options}, actors,
-                cpus_per_actor, gpus_per_actor, batch_size)
+    that each load the scoring model and ``detector`` once (``evidence``: as :meth:`Pipeline.score`)."""
+    return _map(dataset, ScoreActor, {"detector": detector, "scorer_options": scorer_options, "evidence": evidence},
+                actors, cpus_per_actor, gpus_per_actor, batch_size)
 
 
 def finished_ids(path: Path) -> set[str]:
@@ -274,11 +276,11 @@ def finished_ids(path: Path) -> set[str]:
 def score_records(records: list[dict], output: str | Path, detector: str | dict = "default",
                   scorer_options: dict | None = None, address: str | None = None, actors: int = 1,
                   cpus_per_actor: float = 1, gpus_per_actor: float = 0, batch_size: int = 8,
-                  progress: bool = True, timeout: float = 30) -> dict:
+                  progress: bool = True, timeout: float = 30, evidence: str | None = None) -> dict:
     """Score ``records`` (dicts of the JSONL format, each with an ``id``) on Ray and append each verdict to
     ``output`` in the records' order as it arrives; records whose id is already there are skipped. Returns
     ``{"scored", "skipped", "failed": [{"id", "error"}]}``; failed records are not written (a rerun retries
-    them)."""
+    them). ``evidence``: as :meth:`halwatch.pipeline.Pipeline.score`."""
     from halwatch.progress import progress as progress_bar
 
     output = Path(output)
@@ -297,7 +299,8 @@ def score_records(records: list[dict], output: str | Path, detector: str | dict 
 
         scorer_options = {**scorer_options, "dtype": chosen_dtype(scorer_options.get("dtype", "auto"))}
     dataset = ray.data.from_items(_items(todo))
-    scored = score_dataset(dataset, detector, scorer_options, actors, cpus_per_actor, gpus_per_actor, batch_size)
+    scored = score_dataset(dataset, detector, scorer_options, actors, cpus_per_actor, gpus_per_actor, batch_size,
+                           evidence)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a", encoding="utf-8") as f, progress_bar(total=len(todo), disable=not progress,
                                                                desc="ray score", unit="answer") as bar:

@@ -53,3 +53,11 @@ def timed(label: str):
                 timer.spent[label] += time.perf_counter() - t0
         return run
     return mark
+
+
+def sync() -> None:
+    """Wait for queued GPU work, so that a GPU's asynchronous kernels are timed, not only launched."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

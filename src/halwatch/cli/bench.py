@@ -20,7 +20,7 @@ from halwatch.cli.options import (
 )
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
-BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer"),
+BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer", "evidence"),
                "serve": ("throughput", "overload", "drain", "stream")}
 BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "prior", "architectures",
                "report")
@@ -193,7 +193,8 @@ def _add_speed(kinds) -> None:
     and per answer the time inside and outside the model's forward for batches of RAGTruth answers (split), and
     answers/s of the whole scoring path in its own batches against a plain forward of the same batches (batched);
     milliseconds per answer of each phase of that path (phases); seconds per answer of halwatch and of
-    LM-Polygraph's white-box estimators, whole processes (peer)."""
+    LM-Polygraph's white-box estimators, whole processes (peer); seconds per answer without and with evidence from
+    attention, one answer per pass (evidence)."""
     s = kinds.add_parser("speed", help="forward, capture and default-detector times; time inside and outside the "
                                        "forward",
                          description=_add_speed.__doc__)
@@ -207,7 +208,8 @@ def _add_speed(kinds) -> None:
                    help="split: batch sizes (default 1 8 32; 32 answers)")
     s.add_argument("--answers", type=int, default=None,
                    help="batched, phases: RAGTruth test answers to score (default all 450; a seeded sample when "
-                        "fewer); peer: answers for halwatch and LM-Polygraph, each a whole process (default 50)")
+                        "fewer); evidence: the same (default 32); peer: answers for halwatch and LM-Polygraph, "
+                        "each a whole process (default 50)")
     add_batch_size_option(s, "phases: answers per batch (default auto: as many as fit the scorer's token budget)")
     s.add_argument("--processes", type=positive_int, default=1, metavar="N",
                    help="batched: N processes share the device, each scoring the answers with its own model and "

@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--id", default="1", help="id of the single answer (default 1)")
     add_task_option(p)
     add_min_span_confidence(p)
+    p.add_argument("--evidence", choices=("attention", "relevance"), default=None,
+                   help="give each answer sentence its sources in the context: 'attention' from the pass (a few "
+                        "percent more time) or 'relevance', exact (a backward pass per response token); default: "
+                        "none")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     add_scorer_options(p, defaults_from_artifact=True)
     add_windows_option(p)
@@ -55,7 +59,8 @@ def _score_on_ray(args, artifact: dict) -> int:
         raise InputError("--ray scores a file: give --input FILE and --output FILE (appended to, and resumed)")
     samples = read_input(args.input, args.skip_invalid, args.task)  # prompts rendered here, by --task
     stats = score_records([sample_record(s) for s in samples], args.output, detector=artifact,
-                          scorer_options=scorer_options(args), progress=True, **ray_options(args))
+                          scorer_options=scorer_options(args), progress=True, evidence=args.evidence,
+                          **ray_options(args))
     errors = f"{args.output}.errors.jsonl"
     if stats["failed"]:
         write_jsonl(errors, stats["failed"])
@@ -92,7 +97,7 @@ def cmd_score(args) -> int:
         samples = read_input(args.input, args.skip_invalid, args.task)
     pipeline = Pipeline(load_detector(artifact, scorer=scorer_from(args, artifact)))
     _, answers = encoded(pipeline, samples, args.skip_invalid, on_skip=lambda err: log.warning("skipped %s", err))
-    records = (r.to_dict() for r in pipeline.stream(answers, progress=not single))
+    records = (r.to_dict() for r in pipeline.stream(answers, progress=not single, evidence=args.evidence))
     if single:
         print(json.dumps(next(records), ensure_ascii=False, indent=1))
         return 0

@@ -49,6 +49,7 @@ from halwatch.errors import HalwatchError, InputError
 from halwatch.files import replaced
 from halwatch.models.signal_types import SignalRequest, Signals
 from halwatch.sample import Sample
+from halwatch.sentences import sentence_ranges
 from halwatch.signals import reducers
 from halwatch.tokens import TokenView, window_groups
 
@@ -413,7 +414,7 @@ class Detector:
         return self.span.spans(view, tokens, float(fitted(prob)), float(fitted(self.threshold)), min_confidence)
 
     def verdicts(self, views: list[TokenView], signals: list[Signals],
-                 min_span_confidence: float | None = None) -> list[dict]:
+                 min_span_confidence: float | None = None, sentences: bool = False) -> list[dict]:
         """What ``halwatch score`` and the service report for each response (the fields of
         :class:`halwatch.result.Result`): ``id``, ``score`` (probability of hallucination), ``hallucinated`` (score
         >= ``threshold``), ``threshold``, ``spans`` (character offsets into the response, Python string indices =
@@ -421,19 +422,34 @@ class Detector:
         default the span rule's), the detector, scoring model and input mode, ``truncated`` (context tokens cut to
         fit the token cap; the response is never cut), ``windows`` (how many windows of a long context the answer
         was scored against: consecutive ``views`` of one answer's windows give one verdict) and ``ood``. The batch's
-        scores, token scores and OOD inputs are computed once (:meth:`outputs`)."""
+        scores, token scores and OOD inputs are computed once (:meth:`outputs`). With ``sentences``, each verdict's
+        ``evidence`` lists the response's sentences (:func:`halwatch.sentences.sentence_ranges`) with their
+        ``support``: one less their chance of holding unsupported words (:meth:`SpanRule.sentence_chances`)."""
         self._require_fitted()
         views, raw, tokens, ood_inputs = self.answer_outputs(views, signals)
         probs = self.operating.probabilities(raw)
         ood = self.reference.of(ood_inputs) if self.reference is not None else [None] * len(views)
         tokens = tokens if tokens is not None else [None] * len(views)
         model = self.identity.get("scoring_model") or self.get_scorer().model.name
-        return [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
-                 "threshold": round(float(self.threshold), 4),
-                 "spans": self.token_spans(view, t, float(p), min_span_confidence),
-                 "detector": self.name, "scoring_model": model, "input_mode": view.input_mode,
-                 "truncated": view.cut_tokens, "windows": view.window[1], **({"ood": far} if far is not None else {})}
-                for view, t, p, far in zip(views, tokens, probs, ood)]
+        found = [{"id": view.sample.id, "score": round(float(p), 4), "hallucinated": bool(p >= self.threshold),
+                  "threshold": round(float(self.threshold), 4),
+                  "spans": self.token_spans(view, t, float(p), min_span_confidence),
+                  "detector": self.name, "scoring_model": model, "input_mode": view.input_mode,
+                  "truncated": view.cut_tokens, "windows": view.window[1], **({"ood": far} if far is not None else {})}
+                 for view, t, p, far in zip(views, tokens, probs, ood)]
+        for verdict, view, t, p in zip(found, views, tokens, probs) if sentences else ():
+            verdict["evidence"] = self.sentence_support(view, t, float(p))
+        return found
+
+    def sentence_support(self, view: TokenView, tokens, prob: float) -> list[dict]:
+        """The response's sentences (``start``, ``end``, ``text``) with their ``support`` (see :meth:`verdicts`),
+        on the scale the span rule was fitted on, as :meth:`token_spans` reads it."""
+        text = view.sample.response
+        ranges = sentence_ranges(text)
+        fitted = self.operating.as_fitted
+        chances = self.span.sentence_chances(view, tokens, float(fitted(prob)), float(fitted(self.threshold)), ranges)
+        return [{"start": a, "end": b, "text": text[a:b], "support": round(1.0 - float(c), 4)}
+                for (a, b), c in zip(ranges, chances)]
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -267,7 +267,8 @@ class Routed(Detector):
     def token_spans(self, view, tokens, prob, min_confidence: float = 0.0):
         return self.for_task(task_of(view.sample)).token_spans(view, tokens, prob, min_confidence)
 
-    def verdicts(self, views, signals, min_span_confidence: float | None = None) -> list[dict]:
+    def verdicts(self, views, signals, min_span_confidence: float | None = None, sentences: bool = False
+                 ) -> list[dict]:
         """:meth:`Detector.verdicts` of each answer's part, with the part's threshold, and ``task``: the part
         that judged it."""
         self._require_fitted()
@@ -276,7 +277,7 @@ class Routed(Detector):
 
         def run(part, idx):
             flat = self._flat(groups, idx)
-            found = part.verdicts([views[i] for i in flat], [signals[i] for i in flat], confidence)
+            found = part.verdicts([views[i] for i in flat], [signals[i] for i in flat], confidence, sentences)
             return [{**v, "detector": self.name} for v in found]
 
         out = self._per_part(tasks, run, len(groups))

@@ -258,6 +258,28 @@ class SpanRule:
         floor = self.min_confidence if min_confidence is None else min_confidence
         return rule_spans(view, tokens, prob, decision, self.threshold, self.rule, self.calibration, floor)
 
+    def sentence_chances(self, view: TokenView, tokens, prob: float, decision: float,
+                         ranges: list[tuple[int, int]]) -> list[float]:
+        """Each sentence's (``ranges``: character ranges of the response) chance of holding unsupported words:
+        :func:`span_confidence` of its highest word score (gated as the rule gates) and its word count, as if the
+        whole sentence were one span; no higher than ``prob`` where the rule gives spans only to answers judged
+        hallucinated and this one is not. Without token scores or a span calibration, the answer's ``prob``.
+        halwatch's own rule (issue 76), not a published method's."""
+        if tokens is None or self.threshold is None or self.calibration is None:
+            return [prob] * len(ranges)
+        scores = gated(tokens, prob, decision, {**self.rule, "verdict": False})
+        words = view.word_scores(scores)
+        starts = view.word_index()[0]
+        out = []
+        for start, end in ranges:
+            inside = words[np.searchsorted(starts, start):np.searchsorted(starts, end)]
+            if not len(inside):
+                out.append(prob)
+                continue
+            chance = float(span_confidence(self.calibration, inside.max(), len(inside))[0])
+            out.append(min(chance, prob) if self.rule.get("verdict") and prob < decision else chance)
+        return out
+
     def to_dict(self) -> dict:
         return {"token_threshold": self.threshold, "span_rule": self.rule, "span_calibration": self.calibration,
                 "min_span_confidence": self.min_confidence}

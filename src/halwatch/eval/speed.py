@@ -15,18 +15,11 @@ import time
 
 from halwatch.data.ragtruth import seeded_sample
 from halwatch.errors import first_line
+from halwatch.timing import sync
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _sync() -> None:
-    """Wait for queued GPU work, so that a GPU's asynchronous kernels are timed, not only launched."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def median_seconds(fn, repeats: int, warm_up: bool = True) -> float:
@@ -34,10 +27,10 @@ def median_seconds(fn, repeats: int, warm_up: bool = True) -> float:
         fn()
     times = []
     for _ in range(repeats):
-        _sync()
+        sync()
         t0 = time.perf_counter()
         fn()
-        _sync()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -127,10 +120,10 @@ def throughput(pipeline, samples, batch_size: int | None) -> float:
     """Answers per second of the whole scoring path (:class:`halwatch.pipeline.Pipeline`, as ``halwatch score``
     runs it: encoding, signals in batches of ``batch_size`` answers, or of the scorer's token budget with ``None``,
     scores and spans)."""
-    _sync()
+    sync()
     t0 = time.perf_counter()
     pipeline.score(pipeline.encode(samples), batch_size=batch_size)
-    _sync()
+    sync()
     return len(samples) / (time.perf_counter() - t0)
 
 
@@ -176,11 +169,11 @@ class ForwardClock:
         self.handles = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._stop)]
 
     def _start(self, *args):
-        _sync()
+        sync()
         self._t0 = time.perf_counter()
 
     def _stop(self, *args):
-        _sync()
+        sync()
         self.seconds += time.perf_counter() - self._t0
 
     def close(self) -> None:
@@ -358,7 +351,7 @@ def phases(pipeline, n: int | None = None, batch_size: int | None = None, seed: 
 
     samples = list(seeded_sample(n, seed) if samples is None else samples)
     throughput(pipeline, samples[:8], batch_size)  # warm-up
-    with Timer(_sync) as timer:
+    with Timer(sync) as timer:
         rate = throughput(pipeline, samples, batch_size)
     spent = {label: timer.spent.get(mark, 0.0) for label, mark in PHASES}
     sm = pipeline.scorer.model
@@ -411,6 +404,10 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         results["batched"] = batched_rate(default, batched_answers, repeats, out=out, processes=processes)
     if "phases" in parts:
         results["phases"] = phases(default, batched_answers, phase_batch, out=out)
+    if "evidence" in parts:
+        from halwatch.eval.evidence_speed import evidence_cost
+
+        results["evidence"] = evidence_cost(default, batched_answers or answers, repeats, out=out)
     if "lengths" not in parts:
         return results
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "

@@ -40,6 +40,7 @@ class Group:
         self.kept: dict[int, object] = {}  # layer -> the kept rows (keep_attention)
         self.reduced: dict[str, list] = {}  # per reducer: outputs of layers, in order, each field [B, H, ...]
         self.partial: dict[str, list] = {}  # per reducer with ``finish``: waiting partials
+        self.evidence = None  # [B, R_max, K]: the response rows of the evidence heads, summed (evidence_heads)
         self.positions = None
 
     def query_positions(self, device):
@@ -68,6 +69,10 @@ class Capture:
         self.by_layer: dict[int, list[int]] = {}
         for layer, head in request.heads:
             self.by_layer.setdefault(layer, []).append(head)
+        #: layer -> where its evidence heads are among the layer's captured heads
+        self.evidence_at: dict[int, list[int]] = {}
+        for layer, head in request.evidence_heads:
+            self.evidence_at.setdefault(layer, []).append(self.by_layer[layer].index(head))
         self.views = views
         self.groups: list[Group] | None = None  # made at the first layer, when the device is known
         self.seen: set[int] = set()  # layers whose rows were captured
@@ -153,6 +158,9 @@ class Capture:
         rows.probs = attention_probs(scores, scaling, softcap, mask, positions[:, None, :, None])
         if self.request.keep_attention:
             group.kept[layer] = rows.probs if self.request.attention_from == "all" else rows.response()
+        if layer in self.evidence_at:
+            summed = rows.response()[:, self.evidence_at[layer]].sum(dim=1)
+            group.evidence = summed if group.evidence is None else group.evidence + summed
         self._keep(group, {name: REDUCERS[name].fn(rows) for name in self.request.reducers}, q_sel)
         rows.probs = None
 
@@ -174,6 +182,7 @@ class Capture:
         mask of a right-padded batch (checked once per mask)."""
         if not (query.is_cuda and not softcap and self.offset == 0 and len(self.groups) == 1
                 and self.request.attention_from == "response" and not self.request.keep_attention
+                and not self.request.evidence_heads
                 and set(self.request.reducers) <= set(reducer_lib.FROM_STATISTICS)
                 and rows_kernel.KERNEL.get() is not None):
             return False
@@ -210,9 +219,10 @@ class Capture:
                 self._finish(group, name)
 
     @timed("capture: assemble")
-    def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray]]]:
-        """Each sample's ``(attention rows, reducer fields)``: the fields of every layer joined along the heads,
-        copied off the device once per group of samples, then cut to each sample's response."""
+    def assemble(self) -> list[tuple[np.ndarray | None, dict[str, np.ndarray], np.ndarray | None]]:
+        """Each sample's ``(attention rows, reducer fields, evidence)``: the fields of every layer joined along the
+        heads, copied off the device once per group of samples, then cut to each sample's response; the evidence
+        heads' summed rows ``[R, n_prompt]`` where asked."""
         import torch
 
         layers = sorted(self.by_layer)  # the model runs its layers in order, so outputs are in this order
@@ -225,8 +235,11 @@ class Capture:
                 batch.update({f"{name}.{k}": torch.cat([o[k] for o in outputs], dim=1).float() for k in outputs[0]})
             if self.request.keep_attention:
                 batch["kept"] = torch.cat([group.kept[layer] for layer in layers], dim=1)
+            if group.evidence is not None:
+                batch["evidence"] = group.evidence.float()
             batch = to_host(batch)
             kept = batch.pop("kept", None)
+            evidence = batch.pop("evidence", None)
             for j, (b, view) in enumerate(zip(group.index, group.views)):  # copies: no view keeps a batch's buffer
                 n_resp, length = view.n_response, group.lengths[j]
                 reduced = {k: (v[j, :, :n_resp] if v.ndim == 3 else v[j]).copy() for k, v in batch.items()}
@@ -234,7 +247,8 @@ class Capture:
                 if kept is not None:
                     n_rows = length if self.request.attention_from == "all" else n_resp
                     attention = kept[j, :, :n_rows, :length].copy()
-                results[b] = (attention, reduced)
+                mine = None if evidence is None else evidence[j, :n_resp, :view.n_prompt].copy()
+                results[b] = (attention, reduced, mine)
         return results
 
 

@@ -232,7 +232,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
                       hidden_layers=request.hidden_layers, token_hidden_layers=request.token_hidden_layers,
                       **{name: per_sample[b] for name, per_sample in batch.items()})
         if capture is not None:
-            sig.attention, sig.reduced = captured[b]
+            sig.attention, sig.reduced, sig.evidence = captured[b]
         if rel is not None:
             sig.relevance = {
                 "mean": by_seed[b][0].astype(np.float32),

@@ -34,6 +34,9 @@ class SignalRequest:
     - ``relevance``: relevance of the input tokens for the response tokens
       (:class:`halwatch.models.relevance.RelevanceRequest`, LRP4RAG); the pass then runs with gradients and the
       propagation rules, and feeds every other signal asked for from the same forward pass.
+    - ``evidence_heads``: ``(layer, head)`` pairs whose attention rows of the response tokens, summed over these
+      heads, are returned as ``Signals.evidence`` ``[R, n_prompt]`` (:mod:`halwatch.evidence`); they are captured
+      (added to ``heads``) for it.
     - ``support``: the lexical support of the response by the context (:mod:`halwatch.signals.support`), from the
       texts alone: no part of the pass, computed whenever signals are handed out and never cached.
     - ``extra``: a pass that a detector module defines itself (e.g.
@@ -54,8 +57,12 @@ class SignalRequest:
     relevance: RelevanceRequest | None = None
     extra: Any = None
     support: bool = False
+    evidence_heads: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
+        evidence = tuple(sorted({(int(layer), int(h)) for layer, h in self.evidence_heads}))
+        object.__setattr__(self, "evidence_heads", evidence)
+        object.__setattr__(self, "heads", (*self.heads, *evidence))
         object.__setattr__(self, "hidden_layers", tuple(sorted(set(self.hidden_layers))))
         object.__setattr__(self, "token_hidden_layers", tuple(sorted(set(self.token_hidden_layers))))
         object.__setattr__(self, "heads", tuple(sorted({(int(layer), int(h)) for layer, h in self.heads})))
@@ -86,6 +93,7 @@ class SignalRequest:
             relevance=_one(reqs, "relevance"),
             extra=_one(reqs, "extra"),
             support=any(r.support for r in reqs),
+            evidence_heads=_one_heads(reqs),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -95,7 +103,7 @@ class SignalRequest:
     def key(self) -> dict:
         """What identifies this request's signals in the cache: every field (the optional ones only when set) and
         the version of each reducer, so that a changed signal definition never reuses old values."""
-        optional = ("sampling", "relevance", "token_hidden_layers")
+        optional = ("sampling", "relevance", "token_hidden_layers", "evidence_heads")
         key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*optional, "extra", "support")}
         for name in optional:
             if getattr(self, name):
@@ -113,6 +121,14 @@ class SignalRequest:
     def without_sampling(self) -> "SignalRequest":
         """The request of the forward pass alone: no sampled answers, no ``extra`` pass, no lexical support."""
         return replace(self, sampling=None, extra=None, support=False)
+
+
+def _one_heads(reqs) -> tuple:
+    """The one set of evidence heads that the requests ask for, if any."""
+    asked = {r.evidence_heads for r in reqs if r.evidence_heads}
+    if len(asked) > 1:
+        raise ValueError("requests ask for different evidence heads")
+    return asked.pop() if asked else ()
 
 
 def _one(reqs, name: str):
@@ -147,6 +163,7 @@ class Signals:
     generations: dict[str, np.ndarray] | None = None  # sampled answers, see halwatch.models.sampling
     relevance: dict[str, np.ndarray] | None = None  # see the class docstring
     extra: dict[str, np.ndarray] | None = None  # the results of SignalRequest.extra
+    evidence: np.ndarray | None = None  # [R, n_prompt] attention of the evidence heads, summed (float32)
     support: np.ndarray | None = None  # [R, k] lexical support flags per response token (never cached)
     support_answer: np.ndarray | None = None  # [m] lexical support features of the answer (never cached)
     task: str | None = None  # the answer's task (halwatch.sample.task_of), set by the scorer (never cached)
@@ -159,7 +176,7 @@ class Signals:
             "hidden_layers": np.array(self.hidden_layers, dtype=np.int32),
             "token_hidden_layers": np.array(self.token_hidden_layers, dtype=np.int32),
         }
-        for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention"):
+        for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
@@ -177,7 +194,7 @@ class Signals:
             hidden_layers=tuple(int(x) for x in arrays["hidden_layers"]),
             token_hidden_layers=tuple(int(x) for x in arrays.get("token_hidden_layers", ())),
             **{name: arrays[name] if name in arrays else None
-               for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention")},
+               for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence")},
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
             generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
             relevance={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("rel:")} or None,

@@ -10,6 +10,8 @@ Where the context comes from (the convention, in this order):
 
 The question is the last user message. A plain reply gets ``halwatch``: the verdict of the first choice (``score``,
 ``hallucinated``, ``threshold``, ``spans`` ...) and, with ``n`` > 1, ``choices`` with one verdict per choice.
+``"halwatch_evidence": "attention"`` in the request body adds each answer sentence's sources in
+the context (``evidence``, :mod:`halwatch.evidence`).
 
 With ``stream: true`` the stream policy (``--stream-policy``, or ``halwatch_stream_policy`` in the request) decides:
 
@@ -104,6 +106,12 @@ class Guard:
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         item, source = context_of(body)
+        evidence = body.get("halwatch_evidence")
+        if evidence is not None:
+            if evidence != "attention":
+                raise ApiError(400, f"halwatch_evidence must be 'attention' (or absent), got {evidence!r}",
+                               "invalid_evidence", "halwatch_evidence")
+            item["evidence"] = evidence
         policy, every = _policy(body.get("halwatch_stream_policy", self.stream_policy),
                                 body.get("halwatch_check_every", self.check_every))
         forwarded = {k: v for k, v in body.items() if not k.startswith("halwatch_")}

@@ -51,6 +51,10 @@ class ScoreItem(BaseModel):
     min_span_confidence: float | None = Field(
         None, ge=0, le=1, description="leave out spans whose confidence is below this (default: the server's, set by "
                                       "serve --min-span-confidence, else 0: every span)")
+    evidence: Literal["attention"] | None = Field(
+        None, description="'attention': give each response sentence its support and its sources in the context, "
+                          "from the same pass (a few percent more time); default: none. (The exact 'relevance' "
+                          "mode, seconds per answer, is the library's and the command's, not the service's.)")
 
     def sample(self, index: int):
         from halwatch.sample import Sample

@@ -240,7 +240,8 @@ class ScoringService:
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self.tokenizing, self.prepare, items)
         now = loop.time()
-        jobs = [_Job(pipeline, views, item.min_span_confidence, loop.create_future(), now)
+        jobs = [_Job(pipeline, views, item.min_span_confidence, item.evidence, future=loop.create_future(),
+                     queued_at=now)
                 for (pipeline, views), item in zip(prepared, items)]
         cost = sum(job.cost for job in jobs)
         facts = http_request.scope.get("halwatch", {}) if http_request is not None else {}
@@ -339,7 +340,8 @@ class ScoringService:
         self.batch_sizes.append(len(batch))
         if self.on_batch is not None:
             self.on_batch(len(batch))
-        return [result.model_dump() for result in score_jobs(batch)]
+        return [result.model_dump(exclude={"evidence"} if result.evidence is None else None)
+                for result in score_jobs(batch)]
 
     async def check(self, query: str) -> dict:
         """HalMit's verdict for ``query`` against the configured store, on the model thread (a local target
@@ -457,7 +459,8 @@ def _add_routes(app, service: ScoringService, watch: bool, upstream: bool) -> No
 
     app.state.openapi_patches.append(document_items)
 
-    @app.post("/v1/score", response_model=Result | list[Result], responses=errors(413, 422, 429, 504),
+    @app.post("/v1/score", response_model=Result | list[Result], response_model_exclude_unset=True,
+              responses=errors(413, 422, 429, 504),
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": body_schema, "example": EXAMPLE}}}})
     async def score(request: Request):

@@ -1,4 +1,5 @@
-// halwatch web page: one answer or a JSONL file to /v1/score, results with the flagged spans highlighted.
+// halwatch web page: one answer or a JSONL file to /v1/score, results with the flagged spans highlighted and, with
+// "Show sources", each answer sentence's sources in the context.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -32,25 +33,95 @@ async function loadDetectors() {
   } catch (e) { /* the page still works with the server's default */ }
 }
 
-// The answer as text nodes, with each flagged span in a <mark> whose title gives its confidence.
-function highlighted(response, spans) {
+// Characters from..to of the answer as text nodes, with each flagged span in a <mark> whose title gives its
+// confidence (spans clipped to the range).
+function appendMarked(box, chars, from, to, spans) {
+  let at = from;
+  for (const s of [...spans].sort((a, b) => a.start - b.start)) {
+    const start = Math.max(s.start, at), end = Math.min(s.end, to);
+    if (end <= start) continue;
+    if (start > at) box.appendChild(document.createTextNode(chars.slice(at, start).join("")));
+    const mark = document.createElement("mark");
+    mark.textContent = chars.slice(start, end).join("");
+    mark.title = "confidence " + Number(s.confidence).toFixed(3);
+    box.appendChild(mark);
+    at = end;
+  }
+  if (at < to) box.appendChild(document.createTextNode(chars.slice(at, to).join("")));
+}
+
+// The answer, flagged spans marked; with evidence, each sentence is a focusable element whose sources light up in
+// the context below it when hovered or clicked.
+function highlighted(response, spans, evidence) {
   const box = document.createElement("div");
   box.className = "answer";
   const chars = Array.from(response); // offsets count Unicode code points
+  if (!evidence) {
+    appendMarked(box, chars, 0, chars.length, spans);
+    return box;
+  }
   let at = 0;
-  for (const s of [...spans].sort((a, b) => a.start - b.start)) {
+  evidence.forEach((sentence, i) => {
+    appendMarked(box, chars, at, sentence.start, spans);
+    const el = document.createElement("span");
+    el.className = "sentence" + (sentence.supported ? "" : " flagged");
+    el.dataset.index = String(i);
+    el.tabIndex = 0;
+    appendMarked(el, chars, sentence.start, sentence.end, spans);
+    box.appendChild(el);
+    at = sentence.end;
+  });
+  appendMarked(box, chars, at, chars.length, spans);
+  return box;
+}
+
+// The context (or prompt) the sources point into, each source sentence in a <span class="source">.
+function sourcesBox(text, evidence) {
+  const box = document.createElement("div");
+  box.className = "context";
+  const chars = Array.from(text || "");
+  const ranges = new Map();
+  for (const sentence of evidence) for (const s of sentence.sources) ranges.set(s.start + "-" + s.end, s);
+  let at = 0;
+  for (const s of [...ranges.values()].sort((a, b) => a.start - b.start)) {
+    if (s.start < at) continue;
     if (s.start > at) box.appendChild(document.createTextNode(chars.slice(at, s.start).join("")));
-    const mark = document.createElement("mark");
-    mark.textContent = chars.slice(s.start, s.end).join("");
-    mark.title = "confidence " + Number(s.confidence).toFixed(3);
-    box.appendChild(mark);
-    at = Math.max(at, s.end);
+    const el = document.createElement("span");
+    el.className = "source";
+    el.dataset.range = s.start + "-" + s.end;
+    el.textContent = chars.slice(s.start, s.end).join("");
+    box.appendChild(el);
+    at = s.end;
   }
   if (at < chars.length) box.appendChild(document.createTextNode(chars.slice(at).join("")));
   return box;
 }
 
-function show(result, response) {
+// Hovering, focusing or clicking an answer sentence lights its sources (their weights as titles), or says that a
+// flagged sentence has none.
+function linkSources(card, evidence) {
+  const note = card.querySelector(".evidence-note");
+  const light = (i) => {
+    for (const el of card.querySelectorAll(".lit")) { el.classList.remove("lit"); el.removeAttribute("title"); }
+    const sentence = evidence[i];
+    card.querySelector(".sentence[data-index='" + i + "']").classList.add("lit");
+    for (const s of sentence.sources) {
+      const el = card.querySelector(".source[data-range='" + s.start + "-" + s.end + "']");
+      if (el) { el.classList.add("lit"); el.title = "weight " + Number(s.weight).toFixed(3); }
+    }
+    note.textContent = sentence.supported
+      ? "Support " + Number(sentence.support).toFixed(3) + ": " + sentence.sources.length + " source" +
+        (sentence.sources.length === 1 ? "" : "s") + " highlighted in the context."
+      : "No evidence: this sentence holds words flagged as unsupported (support " +
+        Number(sentence.support).toFixed(3) + ").";
+  };
+  for (const el of card.querySelectorAll(".sentence")) {
+    const i = Number(el.dataset.index);
+    for (const type of ["mouseenter", "focus", "click"]) el.addEventListener(type, () => light(i));
+  }
+}
+
+function show(result, item) {
   const card = document.createElement("div");
   card.className = "result";
   const head = document.createElement("div");
@@ -66,7 +137,17 @@ function show(result, response) {
   meta.textContent = "id " + result.id + " · " + result.detector + " on " + result.scoring_model + " (" +
     result.input_mode + ")" + (result.truncated ? " · " + result.truncated + " context tokens cut to fit" : "") +
     " · " + result.spans.length + " flagged span" + (result.spans.length === 1 ? "" : "s");
-  card.append(head, meta, highlighted(response, result.spans));
+  card.append(head, meta, highlighted(item.response, result.spans, result.evidence));
+  if (result.evidence) {
+    const note = document.createElement("div");
+    note.className = "evidence-note";
+    note.textContent = "Point at a sentence of the answer to see its sources in the context.";
+    const field = result.evidence.flatMap((s) => s.sources.map((x) => x.field))[0] || "context";
+    const text = field === "prompt" ? item.prompt
+      : item.contexts ? item.contexts.join("\n\n") : item.context !== undefined ? item.context : item.prompt;
+    card.append(note, sourcesBox(text, result.evidence));
+    linkSources(card, result.evidence);
+  }
   $("results").appendChild(card);
 }
 
@@ -75,7 +156,8 @@ async function score(items) {
   $("status").className = "";
   $("results").replaceChildren();
   const detector = $("detector").value;
-  const body = items.map((it) => (detector && !it.detector ? { ...it, detector } : it));
+  const evidence = $("evidence").checked ? { evidence: "attention" } : {};
+  const body = items.map((it) => ({ ...(detector && !it.detector ? { ...it, detector } : it), ...evidence }));
   const r = await fetch("/v1/score", { method: "POST", headers: headers(), body: JSON.stringify(body) });
   const data = await r.json();
   if (!r.ok) {
@@ -84,7 +166,7 @@ async function score(items) {
     return;
   }
   $("status").textContent = "";
-  data.forEach((result, i) => show(result, items[i].response));
+  data.forEach((result, i) => show(result, items[i]));
 }
 
 $("one").addEventListener("submit", (e) => {

@@ -1,0 +1,111 @@
+"""The grounded SQuAD answers evidence is measured on (issue 76), each with its gold context sentence: the one that
+holds SQuAD's gold answer, cut by :func:`halwatch.sentences.sentence_ranges` (answers whose gold answer spans two
+sentences are left out).
+
+- ``copied``: squad-shapes' grounded ``phrase`` (the gold answer alone) and ``sentence`` (the gold sentence copied)
+  answers of a split;
+- ``restated``: the question answered in its own words, made by rule from SQuAD questions of the split: a subject
+  question (``Who`` + a verb in -s or -ed, ``What`` + a verb in -ed) with the wh-word replaced by the gold answer, and
+  ``What|Who is|are|was|were X?`` as ``<answer> is|are|was|were X.`` (not where X ends in a preposition, ``called``,
+  ``named`` or a past participle, which would need the words reordered). SQuAD's crowd workers were asked to write
+  questions in their own words, so these answers paraphrase the gold sentence more than the copied ones; each row
+  records the share of the answer's other words that the gold sentence holds.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from halwatch.data.shapes import build_squad_shapes
+from halwatch.data.splits import split_of, split_of_source
+from halwatch.data.squad import read_squad
+from halwatch.sample import Sample
+from halwatch.sentences import sentence_ranges
+
+WORD = re.compile(r"\w+")
+AUX = {"do", "does", "did", "is", "are", "was", "were", "has", "have", "had", "can", "could", "will", "would",
+       "should", "may", "might", "must", "shall"}
+COPULA = {"is", "are", "was", "were"}
+#: Question endings that a copula answer cannot keep in place ("What is it called?" -> "X is it called.").
+BAD_END = re.compile(r"(\b(called|named|of|for|in|on|with|by|from|to|about|at|as|into|after|like|known|made|used|"
+                     r"considered|located|based|found|do|does|did|have|has)|ed|en)$")
+STOP = {"the", "a", "an", "of", "in", "on", "to", "and", "or", "is", "are", "was", "were", "by", "for", "with", "as",
+        "at", "that", "this", "it", "its", "from", "be", "been", "which", "who", "what"}
+
+
+def gold_of(context: str, start: int, length: int) -> tuple[int, int] | None:
+    """The sentence of ``context`` that holds ``[start, start + length)``, or ``None``."""
+    for a, b in sentence_ranges(context):
+        if a <= start and start + length <= b:
+            return a, b
+    return None
+
+
+def restate(question: str, answer: str) -> str | None:
+    """The question answered in a sentence of its own words, or ``None`` where the rule does not apply."""
+    q = question.strip().rstrip("?").strip()
+    words = q.split()
+    if len(words) < 3 or words[0] not in ("Who", "What", "Which"):
+        return None
+    answer = answer.strip().rstrip(".")
+    answer = answer[0].upper() + answer[1:]
+    second = words[1].lower()
+    if second in COPULA:
+        if words[0] == "Which" or BAD_END.search(q.lower()):
+            return None
+        return f"{answer} {second} {' '.join(words[2:])}."
+    verb = r"[a-z]+(s|ed)" if words[0] == "Who" else r"[a-z]+ed"  # "What thesis ...": a noun, not a verb
+    if second in AUX or words[0] == "Which" or not re.fullmatch(verb, second):
+        return None  # "What did X do", "Which country won" (the noun would stay), "What type of ..."
+    return f"{answer} {' '.join(words[1:])}."
+
+
+def overlap(response: str, answer: str, sentence: str) -> float:
+    """The share of the response's content words, less the answer's, that ``sentence`` holds."""
+    own = {w for w in WORD.findall(response.lower()) if w not in STOP} - set(WORD.findall(answer.lower()))
+    return len(own & set(WORD.findall(sentence.lower()))) / len(own) if own else 1.0
+
+
+def copied(split: str) -> list[dict]:
+    """squad-shapes' grounded ``phrase`` and ``sentence`` answers of ``split``."""
+    starts = {q.id: (q.answer_starts[0], q.answers[0]) for q in read_squad() if q.answer_starts}
+    rows = []
+    for s in build_squad_shapes():
+        if split_of(s) != split or s.meta["shape"] not in ("phrase", "sentence"):
+            continue
+        start, answer = starts[s.meta["question_id"]]
+        gold = gold_of(s.context, start, len(answer))
+        if gold is not None:
+            rows.append({"sample": s, "kind": s.meta["shape"], "gold": gold, "answer_start": start,
+                         "overlap": overlap(s.response, answer, s.context[gold[0]:gold[1]])})
+    return rows
+
+
+def restated(split: str, n: int, seed: int = 0) -> list[dict]:
+    """Up to ``n`` restated answers of ``split``'s SQuAD questions (a seeded draw)."""
+    rows = []
+    for q in read_squad():
+        if not q.answer_starts or split_of_source(f"squad/{q.title}") != split:
+            continue
+        response = restate(q.question, q.answers[0])
+        gold = gold_of(q.context, q.answer_starts[0], len(q.answers[0])) if response else None
+        if gold is None:
+            continue
+        sample = Sample(context=q.context, question=q.question, response=response, id=f"{q.id}-restated",
+                        meta={"title": q.title, "question_id": q.id})
+        rows.append({"sample": sample, "kind": "restated", "gold": gold, "answer_start": q.answer_starts[0],
+                     "overlap": overlap(response, q.answers[0], q.context[gold[0]:gold[1]])})
+    pick = np.random.default_rng(seed).choice(len(rows), size=min(n, len(rows)), replace=False)
+    return [rows[i] for i in sorted(pick)]
+
+
+def lexical(row: dict) -> tuple[int, int]:
+    """The lexical baseline: the context sentence with the most words of the answer (lower case; ties: the
+    first)."""
+    context, response = row["sample"].context, row["sample"].response
+    words = set(WORD.findall(response.lower()))
+    units = sentence_ranges(context)
+    scores = [len(words & set(WORD.findall(context[a:b].lower()))) for a, b in units]
+    return units[int(np.argmax(scores))]
