@@ -1,5 +1,5 @@
 """Issue 76, dev split only: variants of how attention becomes evidence, before the test split is read. Stop rule,
-written before the run: a variant replaces the shipped rule (each response token's own attention row, summed over
+written before the run: a variant replaces the first rule (each response token's own attention row, summed over
 the 27 chosen heads, every token of the answer) only if it gains >= 0.02 top-1 on the restated dev answers
 without losing more than 0.01 on the copied ones.
 
@@ -64,7 +64,7 @@ def main() -> None:
             got = np.bincount(unit[ok], weights=per[ok], minlength=len(units))
             return got / max(got.sum(), 1e-12)
 
-        variants = {"own rows (shipped)": share(own), "step rows": share(step), "own + step": share(own + step),
+        variants = {"own rows, every token (the first rule)": share(own), "step rows": share(step), "own + step": share(own + step),
                     "own rows, content-word tokens": share(own, content if content.any() else None),
                     "own rows + lexical share": share(own) + lex}
         for name, w in variants.items():
