@@ -162,3 +162,24 @@ def test_the_command_gives_evidence(capsys):
     assert sentence["supported"] and "Gustave Eiffel's company" in sentence["sources"][0]["text"]
     with pytest.raises(SystemExit):
         main(["score", "--context", "x", "--response", "y", "--evidence", "nope"])
+
+
+def test_the_report_shows_each_sentences_source(hw, tmp_path, capsys):
+    """A file scored with evidence: the report lists each answer sentence with its heaviest source, or says that a
+    flagged sentence has none, in both layouts."""
+    from html import escape
+
+    from halwatch.cli import main
+
+    records = [{"id": "a", **EIFFEL, "response": "Gustave Eiffel's company built it. The tower is 500 metres tall "
+                                                 "and was designed by Le Corbusier."}]
+    results = hw.check_many(records, evidence="attention")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in results))
+    for name in ("r.html", "r.md"):
+        assert main(["report", str(tmp_path / "s.jsonl"), "--input", str(tmp_path / "in.jsonl"),
+                     "--output", str(tmp_path / name)]) == 0
+    page, text = (tmp_path / "r.html").read_text(), (tmp_path / "r.md").read_text()
+    first, second = results[0].evidence
+    assert escape(f'"{first.text}" <- "{first.sources[0].text}"') in page
+    assert escape(f'"{second.text}" <- no evidence') in page and "sources: \"Gustave Eiffel's company" in text

@@ -4,6 +4,8 @@ sentences are left out).
 
 - ``copied``: squad-shapes' grounded ``phrase`` (the gold answer alone) and ``sentence`` (the gold sentence copied)
   answers of a split;
+- ``long``: copied and restated answers whose passage is put among eight passages of other articles (four before,
+  four after), a context longer than the 1024-token cap that halwatch scores in windows;
 - ``restated``: the question answered in its own words, made by rule from SQuAD questions of the split: a subject
   question (``Who`` + a verb in -s or -ed, ``What`` + a verb in -ed) with the wh-word replaced by the gold answer, and
   ``What|Who is|are|was|were X?`` as ``<answer> is|are|was|were X.`` (not where X ends in a preposition, ``called``,
@@ -109,3 +111,23 @@ def lexical(row: dict) -> tuple[int, int]:
     units = sentence_ranges(context)
     scores = [len(words & set(WORD.findall(context[a:b].lower()))) for a, b in units]
     return units[int(np.argmax(scores))]
+
+
+def long_contexts(rows: list[dict], n: int, pool: list[dict], seed: int = 0) -> list[dict]:
+    """The first ``n`` of ``rows`` with their passage among eight passages of other articles of ``pool`` (four
+    before it, four after), as ``long`` rows (gold sentence and answer start moved with it)."""
+    rng = np.random.default_rng(seed)
+    passages = {r["sample"].context: r["sample"].meta["title"] for r in pool}
+    out = []
+    for row in rows[:n]:
+        s = row["sample"]
+        others = sorted(c for c, title in passages.items() if title != s.meta["title"])
+        picked = [others[i] for i in rng.choice(len(others), size=8, replace=False)]
+        before = "\n\n".join(picked[:4]) + "\n\n"
+        context = before + s.context + "\n\n" + "\n\n".join(picked[4:])
+        shift = len(before)
+        sample = Sample(context=context, question=s.question, response=s.response, id=f"{s.id}-long",
+                        meta={"title": s.meta["title"], "question_id": s.meta["question_id"]})
+        out.append({**row, "sample": sample, "kind": "long", "gold": (row["gold"][0] + shift, row["gold"][1] + shift),
+                    "answer_start": row["answer_start"] + shift})
+    return out

@@ -6,9 +6,10 @@ context sentences, its results read from contextcite.jsonl when present).
 
 An answer's top source is the heaviest source over its sentences; it is right when it holds the first character of
 SQuAD's gold answer. A sentence the default flags has no sources: for the answer, a miss (the flag is reported
-beside). Writes answers.jsonl (the answers and their context sentences, for ContextCite) and results.json.
+beside). Writes answers.jsonl (the answers and their context sentences, for ContextCite) and results.json (or
+--output).
 
-    .venv/bin/python docs/results/smollm2-135m-evidence/measure.py --split test [--relevance N]
+    .venv/bin/python docs/results/smollm2-135m-evidence/measure.py --split test [--relevance N] [--output F]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from answers import copied, lexical, restated  # noqa: E402
+from answers import copied, lexical, long_contexts, restated  # noqa: E402
 
 import halwatch  # noqa: E402
 from halwatch.eval.protocols import source_commit  # noqa: E402
@@ -56,16 +57,20 @@ def _record(row) -> dict:
 
 
 def shares(rows: list[dict], hits: dict[str, list]) -> dict:
-    """Per kind of answer (and the restated ones whose other words the gold sentence mostly lacks): the share of
-    answers each method's top source is right for."""
+    """Per kind of answer (and the restated ones whose other words the gold sentence mostly lacks, and the answers
+    ContextCite was run on): the share of answers each method's top source is right for."""
+    cited = set(i for i, h in enumerate(hits.get("ContextCite", [])) if h is not None)
     kinds = {"phrase": lambda r: r["kind"] == "phrase", "sentence": lambda r: r["kind"] == "sentence",
              "copied (phrase + sentence)": lambda r: r["kind"] in ("phrase", "sentence"),
              "restated": lambda r: r["kind"] == "restated",
+             "long contexts (windows)": lambda r: r["kind"] == "long",
              "restated, at most half of the other words in the gold sentence":
                  lambda r: r["kind"] == "restated" and r["overlap"] <= 0.5}
+    for kind in ("phrase", "sentence", "restated") if cited else ():
+        kinds[f"{kind}, the answers ContextCite was run on"] = lambda r, kind=kind: r["kind"] == kind
     out = {}
     for name, keep in kinds.items():
-        idx = [i for i, r in enumerate(rows) if keep(r)]
+        idx = [i for i, r in enumerate(rows) if keep(r) and (i in cited or "ContextCite was run" not in name)]
         if not idx:
             continue
         out[name] = {"answers": len(idx), "mean overlap": round(float(np.mean([rows[i]["overlap"] for i in idx])), 3),
@@ -83,8 +88,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", default="test", choices=("dev", "test"))
     parser.add_argument("--relevance", type=int, default=0, help="answers (the first of each kind) for relevance")
+    parser.add_argument("--output", default="results.json", help="file name in this folder")
+    parser.add_argument("--long", type=int, default=40, help="answers put among other passages (windows)")
     args = parser.parse_args()
     rows = copied(args.split) + restated(args.split, 10_000)
+    rows += [x for kind in ("sentence", "restated")
+             for x in long_contexts([r for r in rows if r["kind"] == kind], args.long // 2, rows)]
     for r in rows:
         r["units"] = len(sentence_ranges(r["sample"].context))
     with open(HERE / "answers.jsonl", "w", encoding="utf-8") as f:
@@ -96,7 +105,9 @@ def main() -> None:
     hits = {"lexical": [holds(lexical(r), r) for r in rows],
             "halwatch attention": [holds(top_source(res), r) for res, r in zip(attention, rows)],
             "flagged (no source)": [top_source(res) is None for res in attention]}
-    timing = {"halwatch attention, s/answer (one per call, whole path)": round(seconds, 4)}
+    timing = {"halwatch attention, s/answer (one per call, whole path)": round(seconds, 4),
+              "windows per long answer": round(float(np.mean([r.windows for r, row in zip(attention, rows)
+                                                                if row["kind"] == "long"] or [0])), 2)}
     if args.relevance:
         picked = [i for kind in ("phrase", "sentence", "restated")
                   for i in [j for j, r in enumerate(rows) if r["kind"] == kind][:args.relevance]]
@@ -114,7 +125,7 @@ def main() -> None:
     out = {"commit": source_commit(), "split": args.split, "dtype": hw.pipeline.scorer.model.dtype,
            "top1_in_gold_sentence": shares(rows, hits), "seconds": timing}
     print(json.dumps(out, indent=1))
-    (HERE / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    (HERE / args.output).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

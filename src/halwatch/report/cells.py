@@ -48,3 +48,20 @@ def segments(text: str, spans) -> list[tuple[str, object]]:
         out += [(text[at:span.start], None), (text[span.start:span.end], span)]
         at = span.end
     return out + [(text[at:], None)]
+
+
+def evidence_lines(result) -> list[str]:
+    """One line per answer sentence of a result scored with evidence (``halwatch score --evidence``): the sentence,
+    then its heaviest source in the context with its weight, or that it has none; no lines without evidence."""
+    lines = []
+    for sentence in result.evidence or ():
+        if not sentence.supported:
+            found = "no evidence (it holds flagged words)"
+        elif sentence.sources:
+            top = sentence.sources[0]
+            found = f'"{top.text}" (weight {top.weight:.2f}' + (
+                f", and {len(sentence.sources) - 1} more)" if len(sentence.sources) > 1 else ")")
+        else:
+            found = "no source in the context"
+        lines.append(f'"{sentence.text}" <- {found}')
+    return lines

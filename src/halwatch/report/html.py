@@ -21,7 +21,7 @@ td:first-child,th:first-child{text-align:left}.figures{display:flex;flex-wrap:wr
 .figures svg{max-width:100%;height:auto}.answer{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;margin:.8em 0}
 .answer .head{font-weight:600}.flagged{color:#b00}.supported{color:#060}.context{color:#555;font-size:.9em;
 white-space:pre-wrap}mark{background:#ffd0d0;border-bottom:2px solid #d33}.response{white-space:pre-wrap}
-.muted{color:#777;font-size:.9em}
+.muted{color:#777;font-size:.9em}.evidence{color:#345;font-size:.9em;margin:.3em 0}
 """
 
 
@@ -57,7 +57,13 @@ def _answer(item) -> str:
     question = f"<div><b>question:</b> {escape(sample.question)}</div>" if sample.question else ""
     return (f'<div class="answer" data-id="{escape(r.id)}">{head}'
             f'<div class="context"><b>context:</b> {escape(context[:CONTEXT_CHARS])}{escape(more)}</div>{question}'
-            f'<div><b>answer:</b> <span class="response">{highlighted(sample.response, r.spans)}</span></div></div>')
+            f'<div><b>answer:</b> <span class="response">{highlighted(sample.response, r.spans)}</span></div>'
+            f'{_evidence(r)}</div>')
+
+
+def _evidence(result) -> str:
+    lines = cells.evidence_lines(result)
+    return ('<ul class="evidence">' + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>") if lines else ""
 
 
 def _labelled(metrics: dict) -> str:

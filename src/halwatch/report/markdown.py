@@ -35,6 +35,7 @@ def _answer(item) -> list[str]:
         marked = "".join(piece if span is None else _mark(piece, span)
                          for piece, span in cells.segments(sample.response, r.spans))
         lines.append(f"  - answer: {_cell(marked)}")
+        lines += [f"  - sources: {_cell(line)}" for line in cells.evidence_lines(r)]
     else:
         lines.append("  - flagged: " + (", ".join(_mark(_cell(s.text), s) for s in r.spans) or "no span"))
     return lines
