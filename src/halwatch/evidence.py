@@ -39,7 +39,7 @@ MIN_WEIGHT = 0.1
 #: set the dev probe measured (docs/results/smollm2-135m-evidence-dev).
 HEAD_SHARE = 0.1
 #: The heads chosen for the shipped scoring models, by weights hash (made by ``python -m halwatch.evidence``).
-HEADS_FILE = Path(__file__).resolve().parent / "artifacts" / "evidence-heads.json"
+HEADS_FILE = Path(__file__).resolve().parent / "artifacts" / "evidence" / "heads.json"
 
 
 @lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ context sentences, its results read from contextcite.jsonl when present).
 
 An answer's top source is the heaviest source over its sentences; it is right when it holds the first character of
 SQuAD's gold answer. A sentence the default flags has no sources: for the answer, a miss (the flag is reported
-beside). Writes answers.jsonl (the answers and their context sentences, for ContextCite) and results.json (or
+beside). Writes answers.jsonl (the answers and their context sentences, for ContextCite) and test.json (or
 --output).
 
     .venv/bin/python docs/results/smollm2-135m-evidence/measure.py --split test [--relevance N] [--output F]
@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", default="test", choices=("dev", "test"))
     parser.add_argument("--relevance", type=int, default=0, help="answers (the first of each kind) for relevance")
-    parser.add_argument("--output", default="results.json", help="file name in this folder")
+    parser.add_argument("--output", default="test.json", help="file name in this folder")
     parser.add_argument("--long", type=int, default=40, help="answers put among other passages (windows)")
     args = parser.parse_args()
     rows = copied(args.split) + restated(args.split, 10_000)
