@@ -71,6 +71,14 @@ def smol():
 
 
 @pytest.fixture(scope="session")
+def hw(smol):
+    """The one face, ``halwatch.load()``, on the session's default model: the shipped default, float32."""
+    import halwatch
+
+    return halwatch.load(model=smol)
+
+
+@pytest.fixture(scope="session")
 def signal_cache():
     """The test home's signal cache: the one `halwatch` commands run by the tests use too."""
     return _TEST_HOME / "signals"

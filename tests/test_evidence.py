@@ -25,11 +25,6 @@ EIFFEL = {"context": "The Eiffel Tower was completed in 1889 for the World's Fai
 
 
 @pytest.fixture(scope="module")
-def hw(smol):
-    return halwatch.load(model=smol)
-
-
-@pytest.fixture(scope="module")
 def grounded():
     """Six grounded SQuAD-built answers (the gold sentence copied) with the start of SQuAD's gold answer, shortest
     passages first, one per article."""

@@ -21,11 +21,6 @@ EIFFEL = {"context": "The Eiffel Tower in Paris was completed in 1889 and was de
 
 
 @pytest.fixture(scope="module")
-def hw(smol):
-    return halwatch.load(model=smol)
-
-
-@pytest.fixture(scope="module")
 def demo():
     return [json.loads(line) for line in DEMO.read_text(encoding="utf-8").splitlines() if line.strip()]
 

@@ -63,7 +63,9 @@ class Checker:
         (``None``: as many as fit the scorer's token budget; default: the checker's). Every record is checked before
         any is scored: the first bad one raises its :class:`~halwatch.errors.InputError`, naming it. ``evidence``:
         as :meth:`check`."""
-        check_evidence(evidence)
+        from halwatch.evidence import check_mode
+
+        check_mode(evidence)  # before any answer is scored
         samples = [as_sample(r, i) for i, r in enumerate(records)]
         if not samples:
             return []
@@ -80,14 +82,6 @@ class Checker:
             with progress_bar(total=sum(len(a) for a in answers), desc="forward", unit="sample") as bar:
                 return self.pipeline.score(answers, min_span_confidence, bar=bar, batch_size=batch_size,
                                            evidence=evidence)
-
-
-def check_evidence(mode) -> None:
-    """Refuse an evidence mode that is not one of :data:`halwatch.evidence.MODES` (or ``None``)."""
-    from halwatch.evidence import MODES
-
-    if mode is not None and mode not in MODES:
-        raise InputError(f"unknown evidence mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
 def as_sample(record, index: int) -> Sample:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from halwatch.errors import InputError
 from halwatch.models.relevance import RelevanceRequest
 from halwatch.models.signal_types import SignalRequest, Signals
 from halwatch.sentences import sentence_ranges
@@ -67,13 +68,18 @@ def choose_heads(scorer, samples, share: float = HEAD_SHARE) -> list[tuple[int, 
     return sorted(heads[i] for i in top)
 
 
+def check_mode(mode) -> None:
+    """Refuse an evidence mode that is not one of :data:`MODES` (``None``: no evidence, accepted)."""
+    if mode is not None and mode not in MODES:
+        raise InputError(f"unknown evidence mode {mode!r}: choose one of {', '.join(MODES)}")
+
+
 def request(model, mode: str) -> SignalRequest:
     """What the pass must return for evidence in ``mode`` (:data:`MODES`)."""
+    check_mode(mode)
     if mode == "attention":
         return SignalRequest(evidence_heads=evidence_heads(model))
-    if mode == "relevance":
-        return SignalRequest(relevance=RelevanceRequest(rows=-1))
-    raise ValueError(f"unknown evidence mode {mode!r}: choose one of {', '.join(MODES)}")
+    return SignalRequest(relevance=RelevanceRequest(rows=-1))
 
 
 def token_mass(signals: Signals, mode: str) -> np.ndarray:
@@ -128,8 +134,22 @@ def _units(sample) -> tuple[str, int, list[tuple[int, int]]]:
     return "prompt", 0, sentence_ranges(sample.prompt)
 
 
-def _weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, sentences) -> np.ndarray:
-    """``[answer sentences, units]``: each answer sentence's share of its mass on the units (:func:`_units`)."""
+def sentence_rows(view: TokenView, sentences: list[dict]) -> list[np.ndarray]:
+    """Per answer sentence, ``[R]`` bool: the response tokens evidence reads for it, those of its content words
+    (:func:`content_tokens`), or all of its tokens where it has none. The same for every window of an answer."""
+    offsets = np.asarray(view.offsets, dtype=np.int64).reshape(-1, 2)
+    content = content_tokens(view)
+    out = []
+    for s in sentences:
+        rows = (offsets[:, 0] < s["end"]) & (offsets[:, 1] > s["start"])
+        out.append(rows & content if (rows & content).any() else rows)
+    return out
+
+
+def _weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, rows_of: list[np.ndarray]
+             ) -> np.ndarray:
+    """``[answer sentences, units]``: each answer sentence's share of the mass of its tokens (``rows_of``,
+    :func:`sentence_rows`) on the units (:func:`_units`)."""
     spans = prompt_offsets(view, tokenizer)
     starts = np.where(spans[:, 1] > 0, spans[:, 1] - 1 - base, -1)  # a token's last character: " It" is in "It ..."
     unit_starts = np.array([a for a, _ in units], dtype=np.int64)
@@ -137,12 +157,8 @@ def _weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, sen
     unit = np.searchsorted(unit_starts, starts, side="right") - 1
     inside = (starts >= 0) & (unit >= 0) & (starts < unit_ends[np.clip(unit, 0, None)]) if len(units) else \
         np.zeros(len(starts), dtype=bool)
-    offsets = np.asarray(view.offsets, dtype=np.int64).reshape(-1, 2)
-    content = content_tokens(view)
-    out = np.zeros((len(sentences), len(units)))
-    for j, s in enumerate(sentences):
-        rows = (offsets[:, 0] < s["end"]) & (offsets[:, 1] > s["start"])
-        rows = rows & content if (rows & content).any() else rows
+    out = np.zeros((len(rows_of), len(units)))
+    for j, rows in enumerate(rows_of):
         per_token = mass[rows].sum(axis=0)[: view.n_prompt]
         total = per_token[inside].sum()
         if total > 0:
@@ -159,11 +175,12 @@ def attach(verdicts: list[dict], views: list[TokenView], signals: list[Signals],
         sample = views[group[0]].sample
         field, base, units = _units(sample)
         sentences = verdict["evidence"]
+        rows_of = sentence_rows(views[group[0]], sentences)
         weights = np.zeros((len(sentences), len(units)))
         for i in group:
-            found = _weights(views[i], token_mass(signals[i], mode), tokenizer, base, units, sentences)
+            found = _weights(views[i], token_mass(signals[i], mode), tokenizer, base, units, rows_of)
             weights = np.maximum(weights, found)
-        text = sample.prompt[base:] if field == "context" else sample.prompt
+        text = sample.prompt[base:]  # the context from its start (base 0: the prompt)
         for j, sentence in enumerate(sentences):
             flagged = any(sp["start"] < sentence["end"] and sentence["start"] < sp["end"] for sp in verdict["spans"])
             sentence["supported"] = not flagged

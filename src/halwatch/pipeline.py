@@ -98,10 +98,9 @@ def score_jobs(jobs: list[Job], bar=None, batch_size=...) -> list[Result]:
         by_scorer.setdefault(id(job.pipeline.scorer), []).append(i)
     for indices in by_scorer.values():
         scorer = jobs[indices[0]].pipeline.scorer
-        asked = {(id(jobs[i].pipeline), jobs[i].evidence): jobs[i] for i in indices}
-        request = jobs[indices[0]].pipeline.request(jobs[indices[0]].evidence)
-        for job in asked.values():
-            request = request.merge(job.pipeline.request(job.evidence))
+        asked = {(id(jobs[i].pipeline), jobs[i].evidence): jobs[i] for i in indices}  # each request once
+        first, *others = [job.pipeline.request(job.evidence) for job in asked.values()]
+        request = first.merge(*others) if others else first
         views = [v for i in indices for v in jobs[i].views]
         signals = iter(scorer.signals([v.sample for v in views], request, views=views, bar=bar,
                                       batch_size=batch_size))
