@@ -6,6 +6,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from halwatch.detectors.adapter import Adapter
 from halwatch.detectors.attention import AttentionRatio, LLMCheckAttention, LookbackLens
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector
 from halwatch.detectors.baselines import LinearProbe, MaxEntropy, MeanEntropy, Perplexity, ResponseLength
@@ -21,7 +22,7 @@ DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
     for cls in (Fused, Routed, TOHA, TOHACopyHeads, TOHAMST, LookbackLens, LRP4RAG, AttentionRatio, LLMCheckAttention,
                 LinearProbe, Perplexity, MaxEntropy, MeanEntropy, ResponseLength, LNEntropy, EigenScore,
-                SelfCheckNGram, SelfCheckEntailment, SemanticEntropy, Polygraph)
+                SelfCheckNGram, SelfCheckEntailment, SemanticEntropy, Polygraph, Adapter)
 }
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.

@@ -17,13 +17,16 @@ from halwatch.detectors.logistic import sigmoid
 CLASSIFIERS = ("svm", "mlp", "random_forest", "lstm")
 
 
-def pack(array) -> dict:
-    array = np.ascontiguousarray(array, dtype=np.float32)
-    return {"shape": list(array.shape), "float32": base64.b64encode(array.tobytes()).decode("ascii")}
+def pack(array, dtype: str = "float32") -> dict:
+    """``array`` as JSON: its shape and its values in ``dtype`` (float32, or float16 for large weights), base64."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    return {"shape": list(array.shape), dtype: base64.b64encode(array.tobytes()).decode("ascii")}
 
 
 def unpack(packed: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(packed["float32"]), dtype=np.float32).reshape(packed["shape"]).astype(float)
+    """:func:`pack`'s array back, as float64."""
+    dtype = "float16" if "float16" in packed else "float32"
+    return np.frombuffer(base64.b64decode(packed[dtype]), dtype=dtype).reshape(packed["shape"]).astype(float)
 
 
 def _standardiser(x) -> tuple[np.ndarray, np.ndarray]:

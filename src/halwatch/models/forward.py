@@ -15,6 +15,7 @@ import contextlib
 import numpy as np
 
 from halwatch.errors import ModelError, first_line
+from halwatch.models import adapter as adapter_lib
 from halwatch.models import relevance as lrp
 from halwatch.models.capture import ACTIVE, Capture, capturing
 from halwatch.models.masking import explicit_attention
@@ -35,6 +36,9 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     capture = ACTIVE.get()
     if capture is not None:
         capture.record(module, query.detach(), key.detach(), attention_mask, scaling, softcap)
+    kept = adapter_lib.KEEP.get()
+    if kept is not None:
+        kept.record(module, key, value)
     if lrp.active() is not None:
         if softcap:
             raise ModelError(f"{type(module).__name__}: relevance propagation through soft-capped attention logits "
@@ -145,6 +149,21 @@ def _check_seen(capture: Capture, model) -> None:
                          f"attention")
 
 
+def check_adapter(model) -> None:
+    """Once per model: the adapter's layers, run with their updates at zero, give the pass's own states
+    (:func:`halwatch.models.adapter.check`); the verdict is kept on the model."""
+    verdict = getattr(model, "_halwatch_adapter_check", None)
+    if verdict is None:
+        try:
+            adapter_lib.check(model)
+            verdict = ""
+        except ModelError as exc:
+            verdict = str(exc)
+        model._halwatch_adapter_check = verdict
+    if verdict:
+        raise ModelError(verdict)
+
+
 def crop_cache(cache, length: int) -> None:
     """Cut a key/value cache back to its first ``length`` tokens."""
     extra = cache.get_seq_length() - length
@@ -180,9 +199,13 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     model = scoring_model.model
     rel = request.relevance
     installed = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
-    if (request.heads or rel is not None) and not installed:  # plain passes run in the model's own attention
+    if (request.heads or rel is not None or request.adapter) and not installed:  # plain passes: the model's own
         install(model)
+    if request.adapter is not None:
+        check_adapter(model)
     cache, offset = past if past is not None else (None, 0)
+    if offset and request.adapter is not None:
+        raise ValueError("the adapter needs the prompt's keys and values from the pass, not a cached prefix")
     if offset and (offset >= min(v.n_prompt for v in views) or request.attention_from == "all"):
         raise ValueError(f"a cached prefix of {offset} tokens leaves no room for the signals asked for")
     lengths = [len(v.input_ids) for v in views]
@@ -197,6 +220,7 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     keep = longest - first_needed if request.token_stats or rel is not None else 1
     attn_mask = mask if len(views) > 1 or min(lengths) < longest else None
     capture = Capture(request, views, offset) if request.heads else None
+    adapted = request.adapter.layers() if request.adapter is not None else ()
     with contextlib.ExitStack() as stack:
         if rel is None:
             stack.enter_context(torch.inference_mode())
@@ -207,9 +231,10 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
             embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
             inputs = {"inputs_embeds": embeds}
         try:
-            with capturing(capture):
+            with capturing(capture), adapter_lib.keeping(adapted) as kept:
                 out = model(**inputs, attention_mask=attn_mask, past_key_values=cache,
-                            output_hidden_states=bool(request.hidden_layers or request.token_hidden_layers),
+                            output_hidden_states=bool(request.hidden_layers or request.token_hidden_layers
+                                                      or adapted),
                             logits_to_keep=keep, use_cache=cache is not None)
         finally:
             if cache is not None:
@@ -226,6 +251,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
     supports = [support_of(v) if request.support and v.sample is not None else None for v in views]
     batch = batch_outputs(out, views, request, offset, longest - keep)
     captured = capture.assemble() if capture is not None else None
+    adapter_logits = adapter_lib.token_logits(model, request.adapter, out.hidden_states[request.adapter.start].detach(),
+                                              kept, views) if kept is not None else None
     results = []
     for b, v in enumerate(views):
         sig = Signals(n_prompt=v.n_prompt, n_response=v.n_response, heads=request.heads,
@@ -233,6 +260,8 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
                       **{name: per_sample[b] for name, per_sample in batch.items()})
         if capture is not None:
             sig.attention, sig.reduced, sig.evidence = captured[b]
+        if adapter_logits is not None:
+            sig.adapter = adapter_logits[b]
         if rel is not None:
             sig.relevance = {
                 "mean": by_seed[b][0].astype(np.float32),

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from halwatch.models.adapter import AdapterRequest
 from halwatch.models.relevance import RELEVANCE_VERSION, RelevanceRequest
 from halwatch.models.sampling import SAMPLING_VERSION, SamplingRequest
 from halwatch.signals import reducers as reducer_lib
@@ -37,6 +38,9 @@ class SignalRequest:
     - ``evidence_heads``: ``(layer, head)`` pairs whose attention rows of the response tokens, summed over these
       heads, are returned as ``Signals.evidence`` ``[R, n_prompt]`` (:mod:`halwatch.evidence`); they are captured
       (added to ``heads``) for it.
+    - ``adapter``: the token log-odds of a fine-tuned adapter of the scoring model's upper layers
+      (:class:`halwatch.models.adapter.AdapterRequest`), run on the pass's own states after it
+      (``Signals.adapter`` ``[R]``).
     - ``support``: the lexical support of the response by the context (:mod:`halwatch.signals.support`), from the
       texts alone: no part of the pass, computed whenever signals are handed out and never cached.
     - ``extra``: a pass that a detector module defines itself (e.g.
@@ -58,6 +62,7 @@ class SignalRequest:
     extra: Any = None
     support: bool = False
     evidence_heads: tuple[tuple[int, int], ...] = ()
+    adapter: AdapterRequest | None = None
 
     def __post_init__(self):
         evidence = tuple(sorted({(int(layer), int(h)) for layer, h in self.evidence_heads}))
@@ -94,6 +99,7 @@ class SignalRequest:
             extra=_one(reqs, "extra"),
             support=any(r.support for r in reqs),
             evidence_heads=_one_heads(reqs),
+            adapter=_one(reqs, "adapter"),
         )
 
     def covers(self, other: "SignalRequest") -> bool:
@@ -104,7 +110,8 @@ class SignalRequest:
         """What identifies this request's signals in the cache: every field (the optional ones only when set) and
         the version of each reducer, so that a changed signal definition never reuses old values."""
         optional = ("sampling", "relevance", "token_hidden_layers", "evidence_heads")
-        key = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in (*optional, "extra", "support")}
+        key = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in (*optional, "extra", "support", "adapter")}
         for name in optional:
             if getattr(self, name):
                 value = getattr(self, name)
@@ -116,6 +123,8 @@ class SignalRequest:
             key["relevance_version"] = RELEVANCE_VERSION
         if self.extra is not None:
             key["extra"] = self.extra.key()
+        if self.adapter is not None:
+            key["adapter"] = self.adapter.key()
         return key
 
     def without_sampling(self) -> "SignalRequest":
@@ -164,6 +173,7 @@ class Signals:
     relevance: dict[str, np.ndarray] | None = None  # see the class docstring
     extra: dict[str, np.ndarray] | None = None  # the results of SignalRequest.extra
     evidence: np.ndarray | None = None  # [R, n_prompt] attention of the evidence heads, summed (float32)
+    adapter: np.ndarray | None = None  # [R] the adapter's log-odds of each response token (float32)
     support: np.ndarray | None = None  # [R, k] lexical support flags per response token (never cached)
     support_answer: np.ndarray | None = None  # [m] lexical support features of the answer (never cached)
     task: str | None = None  # the answer's task (halwatch.sample.task_of), set by the scorer (never cached)
@@ -176,7 +186,7 @@ class Signals:
             "hidden_layers": np.array(self.hidden_layers, dtype=np.int32),
             "token_hidden_layers": np.array(self.token_hidden_layers, dtype=np.int32),
         }
-        for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence"):
+        for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence", "adapter"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out.update({f"reduced:{k}": v for k, v in self.reduced.items()})
@@ -194,7 +204,7 @@ class Signals:
             hidden_layers=tuple(int(x) for x in arrays["hidden_layers"]),
             token_hidden_layers=tuple(int(x) for x in arrays.get("token_hidden_layers", ())),
             **{name: arrays[name] if name in arrays else None
-               for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence")},
+               for name in ("logprobs", "entropy", "hidden", "token_hidden", "attention", "evidence", "adapter")},
             reduced={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("reduced:")},
             generations={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("gen:")} or None,
             relevance={k.split(":", 1)[1]: arrays[k] for k in arrays if k.startswith("rel:")} or None,
