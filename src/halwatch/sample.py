@@ -10,6 +10,7 @@ instructions and the question stay intact.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,21 +81,51 @@ def is_blank(text: str) -> bool:
     return not text.strip()
 
 
+#: What asks for a summary: a verb that means "summarise" (not a third person's "sums up"), a summary-like noun that
+#: a request asks for, or such a noun "of the text" (of the article, of the above ...). Checked against every question
+#: of RAGTruth, SQuAD, BEGIN and FaithDial (none of them is read as a summary request: tests/test_task.py) and on
+#: requests written apart from these words.
+_SUMMARY_VERB = (r"summari[sz](?:e|es|ed|ing)|sum\s+(?:\w+\s+){0,2}?up|tl;?\s?dr|boil\s+(?:\w+\s+){0,3}?down|"
+                 r"in\s+a\s+nutshell|recap")
+_SUMMARY_NOUN = (r"summary|summaries|synopsis|overview|abstract|digest|gist|recap|key\s+(?:points|takeaways|ideas)|"
+                 r"main\s+(?:points|ideas|takeaways)|takeaways|highlights")
+_REQUEST = (r"write|give|provide|produce|create|generate|make|draft|compose|prepare|need|want|list|outline|offer|"
+            r"share|condense|reduce|turn|distil+|extract|can\s+you|could\s+you|please")
+_TEXT = (r"text|article|passages?|document|story|report|conversation|dialog(?:ue)?|meeting|transcript|context|content|"
+         r"email|thread|paper|chapter|book|post|news|above|following|below|it|this|that")
+SUMMARY_REQUEST = re.compile(rf"\b(?:{_SUMMARY_VERB})\b|\b(?:{_REQUEST})\b[^.?!]*?\b(?:{_SUMMARY_NOUN})\b|"
+                             rf"\b(?:{_SUMMARY_NOUN})\s+of\s+(?:the\s+|this\s+|that\s+)?(?:\w+\s+)?(?:{_TEXT})\b",
+                             re.IGNORECASE)
+
+
+def asks_for_summary(instruction: str | None) -> bool:
+    """Whether a question is an instruction to summarise the context ("Summarize the article.", "Write a short
+    summary of the text above.", "TL;DR?"): :data:`SUMMARY_REQUEST`."""
+    return bool(instruction) and SUMMARY_REQUEST.search(instruction) is not None
+
+
 def default_task(question: str | None) -> str:
-    """The task of a record that names none: question answering with a question, else a summary."""
-    return "qa" if question else "summary"
+    """The task of a record that names none: a summary without a question or with one that asks for a summary
+    (:func:`asks_for_summary`: it is then the summary's query), else question answering."""
+    return "summary" if not question or asks_for_summary(question) else "qa"
 
 
 def task_of(sample: "Sample | None") -> str | None:
     """The task an answer is judged as (:class:`halwatch.detectors.routed.Routed` picks its part by it): the
     sample's ``task``; else, for a context rendered through a template, that template's task (:func:`default_task`);
-    else question answering (a prompt given as it is, RAGTruth's or a chat's: a prompt with a question). ``None``
-    for no sample (a view made from token ids alone)."""
+    else, for a prompt given as it is with its context marked, a summary where the words around the context ask for
+    one (:func:`asks_for_summary`); else question answering (RAGTruth's prompts, a chat's). ``None`` for no sample (a
+    view made from token ids alone)."""
     if sample is None:
         return None
     if sample.task is not None:
         return sample.task
-    return default_task(sample.question) if sample.rendered else "qa"
+    if sample.rendered:
+        return default_task(sample.question)
+    if sample.context_span is not None:  # a prompt given as it is: its words around the context are its instruction
+        start, end = sample.context_span
+        return "summary" if asks_for_summary(sample.prompt[:start] + "\n" + sample.prompt[end:]) else "qa"
+    return "qa"
 
 
 def render(task: str, context: str, question: str | None = None) -> tuple[str, tuple[int, int]]:

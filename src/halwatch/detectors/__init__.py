@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 from halwatch.detectors.adapter import Adapter
@@ -15,6 +14,7 @@ from halwatch.detectors.lrp4rag import LRP4RAG
 from halwatch.detectors.polygraph import Polygraph
 from halwatch.detectors.routed import Routed
 from halwatch.detectors.sampling import EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram, SemanticEntropy
+from halwatch.detectors.shipped import shipped_artifacts
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError, InputError
 
@@ -27,12 +27,6 @@ DETECTORS: dict[str, type[Detector]] = {
 
 #: Name of the shipped artifact that `halwatch score` uses when no detector is named.
 DEFAULT_DETECTOR = "default"
-
-
-def shipped_artifacts() -> dict[str, Path]:
-    """Fitted artifacts that ship inside the package, by name (file stem)."""
-    folder = resources.files("halwatch") / "artifacts"
-    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".json")}
 
 
 def parse_setting(item: str) -> tuple[str, object]:

@@ -90,9 +90,9 @@ class Adapter(Detector):
         labels = np.asarray([s.label for s in samples] if labels is None else labels, dtype=int)
         scorer = self.get_scorer()
         views = [scorer.encode(s) for s in samples]
-        if not any(v.has_token_labels for v in views):
-            raise InputError("the adapter learns from span labels: no training answer has any (a hallucinated "
-                             "answer needs its 'spans', a grounded one none)")
+        if not any(v.has_token_labels and v.token_labels().any() for v in views):
+            raise InputError("the adapter learns from span labels, and no training answer has a hallucinated span "
+                             "(give each hallucinated answer its 'spans')")
         start, depth = self.layers()
         s = self.settings
         recipe = {k: s[k] for k in ("rank", "alpha", "epochs", "lr", "accumulate", "folds", "seed")}
@@ -100,11 +100,13 @@ class Adapter(Detector):
         folder = adapter_fit.work_folder(scorer.identity(), views, recipe)
         records = adapter_fit.capture_inputs(scorer.model, views, start, depth, folder, progress)
         groups = groups_of(views)
-        held = {}
+        held, folds = {}, []
         for k, (train, fold) in enumerate(folds_of(labels, s["folds"], groups, s["seed"])):
             arrays = adapter_fit.train(scorer.model, records, list(train), recipe, folder / f"fold-{k}.pt",
                                        progress, desc=f"adapter fold {k + 1}")
-            held |= adapter_fit.logits_of(scorer.model, self.adapter_request(arrays), records, fold)
+            request = self.adapter_request(arrays)
+            held |= adapter_fit.logits_of(scorer.model, request, records, fold)
+            folds.append({"sha": request.sha, "sources": sorted(set(groups[fold].tolist()))})
         self.arrays = adapter_fit.train(scorer.model, records, list(range(len(records))), recipe,
                                         folder / "final.pt", progress, desc="adapter")
         self._request = None
@@ -117,7 +119,38 @@ class Adapter(Detector):
         finally:
             self._held = None
         self.fitted_on["work"] = folder.name
+        self.fitted_on["folds"] = folds
         return self
+
+    # ---- the folds' adapters, for a stack fitted on the same answers ---------------------------------------------
+    def fold_plan(self, views) -> dict[int, list[int]]:
+        """``{fold: [indices of views]}``: the views whose source (:attr:`halwatch.sample.Sample.source`) was held
+        out of that fold's training, so that their adapter scores are out of fold; a view of any other source
+        (never trained on) is in none."""
+        where = {source: k for k, fold in enumerate(self.fitted_on.get("folds", ())) for source in fold["sources"]}
+        plan: dict[int, list[int]] = {}
+        for i, v in enumerate(views):
+            k = where.get(v.sample.source)
+            if k is not None:
+                plan.setdefault(k, []).append(i)
+        return plan
+
+    def fold_request(self, k: int) -> adapter_lib.AdapterRequest:
+        """Fold ``k``'s adapter, from the fit's work folder under ``$HALWATCH_HOME/fits`` (only the adapter
+        trained on every answer ships)."""
+        from halwatch.models.registry import home
+
+        fold = self.fitted_on["folds"][k]
+        path = home() / "fits" / self.fitted_on["work"] / f"fold-{k}.npz"
+        if not path.is_file():
+            raise InputError(f"fitting on the answers the adapter was trained on needs its folds' adapters, and "
+                             f"{path} is missing: fit the adapter on this machine first (`halwatch fit --detector "
+                             f"adapter` with the data it names: {self.fitted_on.get('data', 'see its artifact')})")
+        with np.load(path) as saved:
+            request = self.adapter_request({k: saved[k] for k in saved.files})
+        if request.sha != fold["sha"]:
+            raise InputError(f"{path} is not the adapter this artifact's fold {k} was fitted with: fit it again")
+        return request
 
     def fit_out_of_fold(self, signals, labels, views, groups=None) -> OutOfFold:
         """The folds' held-out scores that :meth:`fit` computed (the adapter is trained from captured inputs, not
@@ -134,3 +167,19 @@ class Adapter(Detector):
         arrays = state.get("arrays") or {}
         self.arrays = {k: unpack(v).astype(np.float32) for k, v in arrays.items()} or None
         self._request = None
+
+
+def load_adapter(source: str, scorer=None) -> Adapter:
+    """A fitted adapter from a shipped artifact's name or an artifact file."""
+    import json
+    from pathlib import Path
+
+    from halwatch.detectors.shipped import shipped_artifacts
+
+    path = Path(source) if Path(source).is_file() else shipped_artifacts().get(str(source))
+    if path is None:
+        raise InputError(f"adapter {source!r}: no such artifact file and no shipped artifact of that name")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("detector") != Adapter.name:
+        raise InputError(f"adapter {source!r}: a {data.get('detector')} artifact, not an adapter")
+    return Adapter.from_dict(data, scorer=scorer, precision_warning=False)

@@ -10,7 +10,12 @@ Answer level, one regularised logistic regression per family of signals (each a 
 - ``uncertainty``: surprisal and predictive-entropy statistics of the response tokens (perplexity, max and mean
   entropy and their spread);
 - ``support``: the lexical support of the response by its context (:mod:`halwatch.signals.support`: shares of
-  content words, bigrams and trigrams absent from the context, unsupported numbers and names).
+  content words, bigrams and trigrams absent from the context, unsupported numbers and names);
+- ``adapter`` (with the ``adapter`` setting, a fitted adapter artifact: :mod:`halwatch.detectors.adapter`): the
+  highest, top-``pool_k`` mean and mean token log-odds of the scoring model's fine-tuned upper layers, run on the
+  pass's own states; each token's log-odds is one more token feature too. The answers the adapter was trained on
+  get the log-odds of the fold's adapter that did not see their source (:meth:`Fused.fit_signals`), so that the
+  stack is fitted on out-of-fold values there as everywhere.
 
 The attention-sink feature (the mean attention on the first input token) was dropped: it moved with the prompt's
 length and template rather than with support (about +2 logits per token on 100-token prompts and about 0 on RAGTruth's
@@ -41,13 +46,17 @@ TOHA's heads are all kept (weighted by the regression) instead of Algorithm 1's 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from halwatch.detectors import linear, sequence
+from halwatch.detectors.adapter import load_adapter
 from halwatch.detectors.base import Detector
 from halwatch.detectors.crossfit import OutOfFold, cross_fit
 from halwatch.detectors.linear import folds_of
 from halwatch.detectors.logistic import sigmoid
+from halwatch.errors import HalwatchError
 from halwatch.models.forward import whitebox_request
 from halwatch.models.signal_types import SignalRequest
 from halwatch.timing import timed
@@ -78,12 +87,13 @@ class Fused(Detector):
                  folds: int = 5, smooth: int = 3, pool_k: int = 3, negatives: float = 0.25,
                  drop: tuple | list | str = (), balance: bool = False, token_kind: str = "bigru",
                  token_epochs: int = sequence.EPOCHS, token_hidden: int = sequence.HIDDEN, copy: bool = False,
-                 **settings):
+                 adapter: str | None = None, **settings):
         if isinstance(drop, str):  # from a command line: drop=tokens+hidden
             drop = [part for part in drop.split("+") if part]
-        unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length"})
+        unknown = sorted(set(drop) - set(FAMILIES) - {"tokens", "length", "adapter"})
         if unknown:
-            raise ValueError(f"drop: unknown signal families {unknown}: choose from {FAMILIES + ('tokens', 'length')}")
+            raise ValueError(f"drop: unknown signal families {unknown}: choose from "
+                             f"{FAMILIES + ('adapter', 'tokens', 'length')}")
         if token_kind not in TOKEN_KINDS:
             raise ValueError(f"token_kind: choose one of {', '.join(TOKEN_KINDS)}, not {token_kind!r}")
         if not 0 < float(negatives) <= 1:
@@ -93,7 +103,9 @@ class Fused(Detector):
                          balance=_flag(balance, "balance", "datasets"), token_kind=token_kind,
                          token_epochs=int(token_epochs), token_hidden=int(token_hidden),
                          **({"copy": True} if _flag(copy, "copy") else {}),
-                         **settings)
+                         **({"adapter": str(adapter)} if adapter else {}), **settings)
+        self.adapter = None  # the fitted adapter detector that the ``adapter`` setting names, once loaded
+        self.adapter_sha: str | None = None  # the digest of the adapter the stack was fitted with
         self.families: dict = {}
         self.token_model: dict | None = None
         self.stacker: dict = {}
@@ -105,12 +117,51 @@ class Fused(Detector):
         return model.all_heads(), model.n_layers // 2, model.n_layers
 
     def request(self) -> SignalRequest:
-        return signal_request(self.get_scorer().model, self.settings.get("copy", False))
+        return signal_request(self.get_scorer().model, self.settings.get("copy", False), self.adapter_request())
+
+    def adapter_request(self):
+        """The adapter the pass runs (``None`` without the ``adapter`` setting)."""
+        if not self.settings.get("adapter"):
+            return None
+        if self.adapter is None:
+            self.adapter = load_adapter(self.settings["adapter"], self.get_scorer())
+        request = self.adapter.adapter_request()
+        if self.adapter_sha is not None and request.sha != self.adapter_sha:
+            raise HalwatchError(f"the adapter {self.settings['adapter']!r} is not the one this detector was fitted "
+                                f"with (digest {request.sha[:12]}, fitted with {self.adapter_sha[:12]}): fit it again")
+        return request
+
+    def families_used(self) -> tuple[str, ...]:
+        """The answer-level families this detector stacks: :data:`FAMILIES`, and ``adapter`` where it has one."""
+        return FAMILIES + (("adapter",) if self.settings.get("adapter") else ())
+
+    def fit_signals(self, signals, labels, views=None, groups=None, scored=None):
+        """:meth:`Detector.fit_signals`, with the adapter's log-odds of the answers it was trained on replaced by
+        its folds' (module docstring)."""
+        if self.settings.get("adapter") and views is not None:
+            signals = self._held_adapter(signals, views)
+            if scored is not None:
+                scored = (scored[0], self._held_adapter(scored[1], scored[0]))
+        return super().fit_signals(signals, labels, views, groups, scored)
+
+    def _held_adapter(self, signals, views) -> list:
+        """``signals`` with ``adapter`` from the fold's adapter that did not see each answer's source, for the
+        answers the adapter was trained on (one pass each, cached as any signal is); the others unchanged."""
+        self.adapter_request()
+        scorer = self.get_scorer()
+        out = list(signals)
+        for k, idx in sorted(self.adapter.fold_plan(views).items()):
+            mine = [views[i] for i in idx]
+            got = scorer.signals([v.sample for v in mine], SignalRequest(adapter=self.adapter.fold_request(k)),
+                                 views=mine)
+            for i, sig in zip(idx, got):
+                out[i] = dataclasses.replace(out[i], adapter=sig.adapter)
+        return out
 
     @timed("answer features")
     def answer_features(self, signals) -> dict[str, np.ndarray]:
         heads, mid, last = self._layout()
-        out = {name: [] for name in FAMILIES}
+        out = {name: [] for name in self.families_used()}
         for s in signals:
             out["lookback"].append(s.head_values("lookback.ratio", heads).mean(1))
             out["toha"].append(s.head_values("mtopdiv.d", heads))
@@ -122,7 +173,16 @@ class Fused(Detector):
                 surprisal.mean(), surprisal.max(), np.quantile(surprisal, 0.9), surprisal.std(),
                 entropy.mean(), entropy.max(), np.quantile(entropy, 0.9), entropy.std()]))
             out["support"].append(_support(s).support_answer)
+            if "adapter" in out:
+                out["adapter"].append(self._adapter_pooled(s))
         return {k: np.stack(v).astype(np.float64) for k, v in out.items()}
+
+    def _adapter_pooled(self, sig) -> np.ndarray:
+        """The highest, top-``pool_k`` mean and mean of the adapter's token log-odds."""
+        if sig.adapter is None:
+            raise ValueError("the signals hold no adapter log-odds: get them with this detector's request()")
+        x = np.sort(np.asarray(sig.adapter, dtype=float))
+        return np.array([x[-1], x[-self.settings["pool_k"]:].mean(), x.mean()])
 
     @timed("token features")
     def token_features(self, sig) -> np.ndarray:
@@ -138,6 +198,8 @@ class Fused(Detector):
                  _support(sig).support]
         if self.settings.get("copy"):
             parts.append(sig.head_values("copy.mass", heads).T)
+        if self.settings.get("adapter"):
+            parts.append(np.asarray(sig.adapter)[:, None])
         return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=1)
 
     # ---- pieces -------------------------------------------------------------------------------------------------
@@ -169,7 +231,7 @@ class Fused(Detector):
 
     def _stack_columns(self, family_logodds: dict, pooled, lengths) -> tuple[np.ndarray, list[str]]:
         cols, names = [], []
-        for name in FAMILIES:
+        for name in self.families_used():
             if name not in self.settings["drop"]:
                 cols.append(family_logodds[name])
                 names.append(name)
@@ -209,7 +271,7 @@ class Fused(Detector):
 
         # regularisation chosen once on the whole probe (source-grouped cross-validation), then fixed in the folds
         chosen = {name: linear.fit(feats[name], labels, C=self.settings["C"], groups=groups, weights=w)["C"]
-                  for name in FAMILIES if name not in self.settings["drop"]}
+                  for name in self.families_used() if name not in self.settings["drop"]}
         by_family = {name: family(name, c) for name, c in chosen.items()}
         held_family = {name: np.array(out) for name, (out, _) in by_family.items()}
         pooled, held_tokens, token_C, token_models = None, None, self.settings["token_C"], None
@@ -269,18 +331,25 @@ class Fused(Detector):
         return dict(zip(self.columns, (round(float(c), 4) for c in linear.coefficients(self.stacker))))
 
     def state(self):
+        if self.settings.get("adapter") and self.adapter_sha is None:
+            self.adapter_sha = self.adapter_request().sha
         return {"families": self.families, "token_model": self.token_model, "stacker": self.stacker,
-                "columns": self.columns, "coefficients": self.coefficients()}
+                "columns": self.columns, "coefficients": self.coefficients(),
+                **({"adapter_sha": self.adapter_sha} if self.adapter_sha else {})}
 
     def set_state(self, state):
         self.families, self.token_model = state["families"], state.get("token_model")
         self.stacker, self.columns = state["stacker"], state["columns"]
+        self.adapter_sha = state.get("adapter_sha")
 
 
-def signal_request(model, copy: bool = False) -> SignalRequest:
-    """The pass a fused detector reads: the white-box pass, and with ``copy`` the copy attention of every head."""
+def signal_request(model, copy: bool = False, adapter=None) -> SignalRequest:
+    """The pass a fused detector reads: the white-box pass, with ``copy`` the copy attention of every head, and the
+    ``adapter`` (:class:`halwatch.models.adapter.AdapterRequest`) where there is one."""
     request = whitebox_request(model)
-    return request.merge(SignalRequest(heads=model.all_heads(), reducers=("copy",))) if copy else request
+    if copy:
+        request = request.merge(SignalRequest(heads=model.all_heads(), reducers=("copy",)))
+    return request.merge(SignalRequest(adapter=adapter)) if adapter is not None else request
 
 
 def _flag(value, name: str, other: str | None = None):

@@ -22,7 +22,7 @@ import numpy as np
 
 from halwatch.detectors.base import ARTIFACT_FORMAT, Detector, groups_of, warn_precision
 from halwatch.detectors.calibration import MIN_FOR_SHARE
-from halwatch.detectors.fused import Fused, signal_request
+from halwatch.detectors.fused import Fused
 from halwatch.detectors.logistic import logit
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models.signal_types import Signals
@@ -47,6 +47,7 @@ class Routed(Detector):
         super().__init__(scorer=scorer, calibration=calibration, decision=decision, prior=prior, fallback=fallback,
                          **settings)
         self.parts: dict[str, Fused] = {}
+        self._template: Fused | None = None  # an unfitted part, for the request
 
     @classmethod
     def setting_names(cls) -> set[str]:
@@ -74,7 +75,11 @@ class Routed(Detector):
 
     # ---- fitting ------------------------------------------------------------------------------------------------
     def request(self):
-        return signal_request(self.get_scorer().model, self.settings.get("copy", False))
+        """The pass every part reads (one: the parts share their settings), the adapter's among them."""
+        if self._template is None:
+            self._template = Fused(scorer=self.get_scorer(), **self._part_settings())
+            self._template.adapter_sha = next((p.adapter_sha for p in self.parts.values() if p.adapter_sha), None)
+        return self._template.request()
 
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
                     groups=None, scored=None) -> "Routed":

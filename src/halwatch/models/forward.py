@@ -185,6 +185,23 @@ def padded(views: list[TokenView], pad: int, offset: int = 0):
     return ids, mask
 
 
+def _prepare(model, views: list[TokenView], request: SignalRequest, cache, offset: int) -> None:
+    """Before a pass: the capturing attention installed where the request reads attention, relevance or the
+    adapter (plain passes run in the model's own attention), the adapter checked, and a cached prefix refused where
+    the request cannot use one."""
+    installed = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+    if (request.heads or request.relevance is not None or request.adapter) and not installed:
+        install(model)
+    if request.adapter is not None:
+        check_adapter(model)
+    if offset and request.adapter is not None:
+        raise ValueError("the adapter needs the prompt's keys and values from the pass, not a cached prefix")
+    if offset and (offset >= min(v.n_prompt for v in views) or request.attention_from == "all"):
+        raise ValueError(f"a cached prefix of {offset} tokens leaves no room for the signals asked for")
+    if request.relevance is not None and cache is not None:
+        raise ValueError("relevance needs the whole input in the pass, not a cached prefix")
+
+
 @timed("forward pass")
 def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None) -> list[Signals]:
     """Run one batch (right-padded) and return the requested signals of each sample.
@@ -198,23 +215,13 @@ def run(scoring_model, views: list[TokenView], request: SignalRequest, past=None
 
     model = scoring_model.model
     rel = request.relevance
-    installed = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
-    if (request.heads or rel is not None or request.adapter) and not installed:  # plain passes: the model's own
-        install(model)
-    if request.adapter is not None:
-        check_adapter(model)
     cache, offset = past if past is not None else (None, 0)
-    if offset and request.adapter is not None:
-        raise ValueError("the adapter needs the prompt's keys and values from the pass, not a cached prefix")
-    if offset and (offset >= min(v.n_prompt for v in views) or request.attention_from == "all"):
-        raise ValueError(f"a cached prefix of {offset} tokens leaves no room for the signals asked for")
+    _prepare(model, views, request, cache, offset)
     lengths = [len(v.input_ids) for v in views]
     longest = max(lengths)
     ids, mask = padded(views, scoring_model.tokenizer.pad_token_id or 0, offset)
     device = scoring_model.device
     ids, mask = ids.to(device), mask.to(device)
-    if rel is not None and cache is not None:
-        raise ValueError("relevance needs the whole input in the pass, not a cached prefix")
     # logits only where they are used: the positions that predict response tokens
     first_needed = min(v.n_prompt for v in views) - 1
     keep = longest - first_needed if request.token_stats or rel is not None else 1
