@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from halwatch.detectors import create_detector
+from halwatch.detectors.ood import WEAK_AUROC, OODReference
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,13 @@ def test_distance_from_the_training_data(scorer, probe, fitted):
     far = fitted.reference.of(inputs[:1] + 50 * np.array(fitted.ood_reference["std"]))[0]
     assert far["extrapolated"] and far["percentile"] == 1.0 and far["distance"] > 40
     verdict = fitted.verdicts([scorer.encode(probe[0])], signals[:1])[0]
-    assert set(verdict["ood"]) == {"distance", "percentile", "extrapolated"}
+    assert set(verdict["ood"]) == {"distance", "percentile", "extrapolated", "weak", "held_out_auroc"}
+    # the held-out AUROC of its training answers, as the fit's own figures give it: above chance on the probe
+    auroc = verdict["ood"]["held_out_auroc"]
+    assert 0.5 < auroc <= 1 and verdict["ood"]["weak"] == (auroc < WEAK_AUROC)
+    weak = OODReference(fitted.reference.mean, fitted.reference.std, fitted.reference.distances, 0.61)
+    again = OODReference.from_dict(weak.to_dict())
+    assert again.of(inputs[:1])[0]["weak"] and again.held_out_auroc == 0.61
 
 
 def test_copy_attention_widens_the_token_model_and_survives_a_reload(scorer, short_answers, tmp_path):

@@ -26,6 +26,10 @@ class Distance(BaseModel):
     distance: float
     percentile: float = Field(description="the share of training answers nearer to the training data than this one")
     extrapolated: bool = Field(description="farther than all but 1 % of the training answers")
+    weak: bool | None = Field(None, description="the detector (the part of the answer's task) ranks even its own "
+                                                "training answers poorly: held-out AUROC below 0.7")
+    held_out_auroc: float | None = Field(None, description="the AUROC of the detector's (part's) held-out scores "
+                                                           "of its training answers")
 
 
 class Source(BaseModel):

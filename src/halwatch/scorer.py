@@ -65,6 +65,9 @@ class Scorer:
         if cache is True:
             cache = registry.home() / "signals"
         self.cache = SignalCache(Path(cache)) if cache else None
+        #: requests asked of this scorer that cover the white-box pass and more (it with an adapter): their cached
+        #: entries serve the white-box pass and what it covers too
+        self.wider: list[SignalRequest] = []
 
     @classmethod
     def from_options(cls, model: str | ScoringModel | None = None, input_mode: str | None = None,
@@ -176,9 +179,11 @@ class Scorer:
 
     def _serving(self, request: SignalRequest) -> list[SignalRequest]:
         """The requests whose cache entries serve ``request``: itself, then the full white-box pass where that
-        covers it."""
+        covers it, then the wider passes asked of this scorer before (:attr:`wider`) that cover it."""
         whitebox = forward.whitebox_request(self.model)
-        return [request] + ([whitebox] if whitebox != request and whitebox.covers(request) else [])
+        if request != whitebox and request.covers(whitebox) and request not in self.wider:
+            self.wider.append(request)
+        return [request] + [r for r in (whitebox, *self.wider) if r != request and r.covers(request)]
 
     def _compute(self, views: list[TokenView], request: SignalRequest) -> list[Signals]:
         """One batch: the forward pass (when the request asks for anything from it), then any sampled answers and

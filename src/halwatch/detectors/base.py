@@ -42,7 +42,7 @@ from typing import ClassVar
 import numpy as np
 
 from halwatch.detectors import crossfit
-from halwatch.detectors.ood import OODReference
+from halwatch.detectors.ood import OODReference, held_out_auroc
 from halwatch.detectors.operating import OperatingPoint, operating_points
 from halwatch.detectors.spans import SpanRule
 from halwatch.errors import HalwatchError, InputError
@@ -286,7 +286,7 @@ class Detector:
         own = self.own_threshold()
         if own is not None:
             self.operating.threshold = own
-        self.reference = OODReference.fit(held.inputs)
+        self.reference = OODReference.fit(held.inputs, held_out_auroc(held.raw, labels, self.supervised))
         span_fit = None
         if held.tokens is not None:
             span_fit = self.span.fit(held.tokens, probs, labels, views, self.threshold)
