@@ -87,10 +87,11 @@ def test_batched_equals_one_by_one_and_other_signals_unchanged(smol, raw, probe_
 
 
 @pytest.fixture(scope="module")
-def tiny(smol, short_answers):
-    """An adapter fitted on the eight SQuAD-built training answers (swapped words are the spans), float32."""
+def tiny(smol, short_answers, tmp_path_factory):
+    """An adapter fitted on the eight SQuAD-built training answers (swapped words are the spans), float32, and a
+    scorer whose cache the tests of this module share (so that a stack fitted on these answers reads their passes)."""
     fit, _ = short_answers
-    scorer = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=None)
+    scorer = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=tmp_path_factory.mktemp("signals"))
     detector = create_detector("adapter", scorer=scorer, epochs=4, lr=3e-3, accumulate=1, folds=2, seed=0)
     detector.fit(fit)
     return detector, scorer
@@ -180,3 +181,18 @@ def test_fused_stacks_the_adapter_out_of_fold(tiny, smol, short_answers, tmp_pat
     data["state"]["adapter_sha"] = "0" * 64
     with pytest.raises(HalwatchError, match="not the one this detector was fitted with"):
         load_detector(data, scorer=scorer).score(held)
+
+
+def test_the_pass_with_an_adapter_serves_the_white_box_pass(smol, probe_by_size, tmp_path):
+    scorer = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=tmp_path / "signals")
+    adapter = random_adapter(smol.model, seed=3)
+    request = adapter_lib.AdapterRequest.of(adapter.arrays(), 15, 6, adapter.rank, adapter.alpha)
+    whitebox = forward.whitebox_request(smol)
+    sample = probe_by_size[0]
+    assert scorer.cached([scorer.encode(sample)], whitebox) == [False]
+    wide = scorer.signals([sample], whitebox.merge(SignalRequest(adapter=request)))[0]
+    assert scorer.cached([scorer.encode(sample)], whitebox) == [True]  # no second pass for the plain request
+    served = scorer.signals([sample], whitebox)[0]
+    fresh = Scorer(model=smol, input_mode="raw", max_tokens=512, cache=None).signals([sample], whitebox)[0]
+    np.testing.assert_allclose(served.logprobs, fresh.logprobs, atol=1e-5)
+    np.testing.assert_array_equal(served.adapter, wide.adapter)
