@@ -20,7 +20,7 @@ from halwatch.cli.options import (
 )
 
 #: The ``--parts`` each measuring subcommand of ``halwatch bench`` has.
-BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer", "evidence"),
+BENCH_PARTS = {"speed": ("lengths", "split", "batched", "phases", "peer", "evidence", "adapter"),
                "serve": ("throughput", "overload", "drain", "stream")}
 BENCH_KINDS = ("run", "speed", "relevance", "serve", "invariance", "calibration", "prior", "architectures",
                "report")

@@ -408,6 +408,10 @@ def run_speed(model: str = "smollm2-135m", lengths=(256, 512, 1024), repeats: in
         from halwatch.eval.evidence_speed import evidence_cost
 
         results["evidence"] = evidence_cost(default, batched_answers or answers, repeats, out=out)
+    if "adapter" in parts:
+        from halwatch.eval.adapter_speed import adapter_cost
+
+        results["adapter"] = adapter_cost(default, batched_answers or answers, repeats, out=out)
     if "lengths" not in parts:
         return results
     out(f"peak RSS before any eager run (our capture path, all lengths): {peak_ours:.0f} MB; "
