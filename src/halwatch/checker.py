@@ -46,10 +46,11 @@ class Checker:
               min_span_confidence: float | None = None, evidence: str | None = None) -> Result:
         """The verdict on one answer: ``response`` to ``context`` (several passages: a list, joined by blank lines)
         and ``question`` where the task has one, or to a whole ``prompt``. ``task``: ``qa``, ``summary``,
-        ``dialogue`` or ``data2text`` (default: qa with a question, summary without). ``min_span_confidence``: leave
-        out spans below this confidence (default: the detector's). ``evidence``: ``attention`` (from the pass, a few
-        percent more time) or ``relevance`` (exact, a backward pass per response token) gives each response
-        sentence its sources in the context (``result.evidence``, :mod:`halwatch.evidence`)."""
+        ``dialogue`` or ``data2text`` (default: qa with a question, summary without one or with one that asks for a
+        summary). ``min_span_confidence``: leave out spans below this confidence (default: the detector's).
+        ``evidence``: ``attention`` (from the pass, a few percent more time) or ``relevance`` (exact, a backward
+        pass per response token) gives each response sentence its sources in the context (``result.evidence``,
+        :mod:`halwatch.evidence`)."""
         record = {"id": id, "prompt": prompt, "context": context, "question": question, "task": task,
                   "response": response}
         return self.check_many([{k: v for k, v in record.items() if v is not None}],

@@ -97,7 +97,7 @@ def add_task_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default=None,
                    help="how a context is turned into a prompt where a record names no task: qa (context and "
                         "question), summary, dialogue (knowledge and the last turn as question) or data2text "
-                        "(default: qa with a question, summary without)")
+                        "(default: qa with a question, summary without one or where it asks for a summary)")
 
 
 def add_min_span_confidence(p: argparse.ArgumentParser, where: str = "") -> None:

@@ -43,7 +43,8 @@ class ScoreItem(BaseModel):
     contexts: list[Text] | None = Field(None, min_length=1, description="several passages, joined by blank lines")
     question: str | None = Field(None, description="the question (task qa; optional for summary and dialogue)")
     task: Literal["qa", "summary", "dialogue", "data2text"] | None = Field(
-        None, description="the template the context is rendered with (default: qa with a question, else summary)")
+        None, description="the template the context is rendered with (default: qa with a question, else summary; "
+                          "summary too where the question asks for one)")
     prompt: Text | None = Field(None, description="the whole prompt, instead of context and question")
     response: Text = Field(description="the answer to score")
     detector: str | None = Field(None, description="a loaded detector (GET /v1/detectors; default: the server's "
