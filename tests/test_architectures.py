@@ -30,8 +30,10 @@ ARCHITECTURES = {
     "olmo2": {},
     "gpt_neox": {"rotary_pct": 0.5},
 }
-#: what an architecture refuses, in one line naming why: relevance through Gemma 2's soft-capped logits
-REFUSED = {"gemma2": {"lrp4rag": "soft-capped attention logits"}}
+#: what an architecture refuses, in one line naming why: relevance through Gemma 2's soft-capped logits, the adapter
+REFUSED = {"gemma2": {"lrp4rag": "soft-capped attention logits"},
+           # GPT-NeoX's layers take no key/value cache the adapter can hand them: its check refuses the architecture
+           "gpt_neox": {"adapter": "cannot run the adapter on this architecture"}}
 LAYERS, HEADS = 3, 4  # three layers: LM-Polygraph 0.7.0's RAUQ reads a layer past the end of a 2-layer model
 
 

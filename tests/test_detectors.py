@@ -41,8 +41,9 @@ EXPENSIVE = {"lrp4rag", "toha-mst", "polygraph", "ln-entropy", "eigenscore", "se
 
 # LRP4RAG's contract (fit, score, the threshold at its classifier's own boundary, spans, reload) is tested with each of
 # its classifiers on SQuAD-built answers of short passages in test_lrp4rag.py: its relevance pass is the dearest. The
-# routed detector is fused parts, one per task, each with its own calibration: test_routed.py
-@pytest.mark.parametrize("name", sorted(set(DETECTORS) - {"lrp4rag", "routed"}))
+# routed detector is fused parts, one per task, each with its own calibration: test_routed.py. The adapter trains the
+# scoring model's layers (five folds and one more): test_adapter.py fits it on eight short answers
+@pytest.mark.parametrize("name", sorted(set(DETECTORS) - {"lrp4rag", "routed", "adapter"}))
 def test_baseline_contract_fit_score_spans_save_load(spans_of, name, scorer, probe, ragtruth_train, short_answers,
                                                      tmp_path):
     small = {"n_samples": 2, "max_new_tokens": 6}  # the sampling baselines: few, short samples keep this quick

@@ -62,11 +62,7 @@ def _inputs_of(scoring_model, view, start: int, depth: int) -> dict:
     """One answer's training inputs, from a pass stopped after layer ``start + depth - 1``."""
     import torch
 
-    from halwatch.models.forward import ATTN_IMPLEMENTATION, install
-
-    model = scoring_model.model
-    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-        install(model)
+    model = scoring_model.model  # with halwatch's attention, installed by capture_inputs
     layers = adapter_lib.decoder(model).layers
     got = {}
 
@@ -99,6 +95,11 @@ def capture_inputs(scoring_model, views, start: int, depth: int, folder: Path, s
     """Every view's training inputs, captured once into ``folder`` (chunks of :data:`CHUNK`) and read back."""
     import torch
 
+    from halwatch.models.forward import ATTN_IMPLEMENTATION, check_adapter, install
+
+    if getattr(scoring_model.model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        install(scoring_model.model)
+    check_adapter(scoring_model.model)  # an architecture the adapter cannot run is refused before any pass
     records: list[dict] = []
     bar = progress(total=len(views), desc="adapter inputs", unit="answer", disable=not show)
     for lo in range(0, len(views), CHUNK):

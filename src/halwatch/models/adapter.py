@@ -32,21 +32,60 @@ import numpy as np
 from halwatch.errors import ModelError
 
 ADAPTER_VERSION = 1
-#: The linear maps of a Llama-pattern decoder layer that get low-rank updates.
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
+#: Names of a decoder's final norm, by architecture family.
+FINAL_NORMS = ("norm", "final_layer_norm", "ln_f")
 KEEP: contextvars.ContextVar = contextvars.ContextVar("halwatch_adapter_keep", default=None)
 
 
 def decoder(model):
-    """The model's decoder stack (``layers``, ``norm``, ``rotary_emb``), or a :class:`ModelError` naming what is
+    """The model's decoder stack (``layers``, a final norm, ``rotary_emb``), or a :class:`ModelError` naming what is
     missing."""
     inner = model.get_decoder() if hasattr(model, "get_decoder") else None
-    missing = [name for name in ("layers", "norm", "rotary_emb") if not hasattr(inner, name)]
+    missing = [name for name in ("layers", "rotary_emb") if not hasattr(inner, name)]
+    if not any(hasattr(inner, name) for name in FINAL_NORMS):
+        missing.append("final norm")
     if missing:
         raise ModelError(f"{type(model).__name__}: the adapter needs a decoder with {', '.join(missing)}; this "
                          f"architecture has none")
     return inner
+
+
+def final_norm(inner):
+    """The decoder's final norm module."""
+    return next(getattr(inner, name) for name in FINAL_NORMS if hasattr(inner, name))
+
+
+def sliding_window(model, index: int) -> int | None:
+    """The sliding window of layer ``index``'s attention (``None``: it sees every earlier token): the attention
+    module's own, else the config's layer types (Gemma, Qwen), else the config's one window for every layer
+    (Mistral)."""
+    attention = getattr(decoder(model).layers[index], "self_attn", None)
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window or None
+    config = model.config.get_text_config()
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return config.sliding_window if types[index] == "sliding_attention" else None
+    return getattr(config, "sliding_window", None) or None
+
+
+def rotary(model, x, position, index: int):
+    """The rotary embeddings ``(cos, sin)`` of ``position`` for layer ``index``: the decoder's one rotary
+    embedding, or the one of the layer's type where it has several (Gemma 3: sliding and full attention)."""
+    import inspect
+
+    embed = decoder(model).rotary_emb
+    if "layer_type" in inspect.signature(embed.forward).parameters:
+        return embed(x, position, layer_type=model.config.get_text_config().layer_types[index])
+    return embed(x, position)
+
+
+def projections(layer) -> list[str]:
+    """The linear maps of a decoder layer (every ``nn.Linear`` in it: query, key, value, output, the MLP's), by
+    name, in the layer's own order."""
+    from torch import nn
+
+    return [name for name, module in layer.named_modules() if isinstance(module, nn.Linear)]
 
 
 def default_layers(n_layers: int) -> tuple[int, int]:
@@ -90,13 +129,13 @@ def _module():
             self.a, self.b = nn.ParameterDict(), nn.ParameterDict()
             for j in range(depth):
                 layer = inner.layers[start + j]
-                for name in PROJECTIONS:
+                for name in projections(layer):
                     base = layer.get_submodule(name)
                     key = f"{j}_{name.replace('.', '_')}"
                     self.a[key] = nn.Parameter(torch.randn(rank, base.in_features, generator=gen)
                                                / math.sqrt(base.in_features))
                     self.b[key] = nn.Parameter(torch.zeros(base.out_features, rank))
-            self.norm = nn.Parameter(inner.norm.weight.detach().float().clone())
+            self.norm = nn.Parameter(final_norm(inner).weight.detach().float().clone())
             self.head = nn.Linear(self.norm.shape[0], 1)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -105,7 +144,7 @@ def _module():
             """Layer ``start + j``'s weights with the updates added, for ``functional_call``."""
             layer = decoder(model).layers[self.start + j]
             out = {}
-            for name in PROJECTIONS:
+            for name in projections(layer):
                 key = f"{j}_{name.replace('.', '_')}"
                 base = layer.get_submodule(name).weight
                 out[f"{name}.weight"] = base + (self.scale * (self.b[key] @ self.a[key])).to(dtype)
@@ -121,11 +160,14 @@ def _module():
             r = h.shape[0]
             position = torch.arange(n_prompt, n_prompt + r, device=h.device)[None]
             x = h[None]
-            embeddings = inner.rotary_emb(x, position)
-            mask = torch.ones(r, n_prompt + r, dtype=torch.bool, device=h.device).tril(n_prompt)[None, None]
+            causal = torch.ones(r, n_prompt + r, dtype=torch.bool, device=h.device).tril(n_prompt)
+            distance = position[0][:, None] - torch.arange(n_prompt + r, device=h.device)[None]  # query - key
             cache = PromptCache(keys, values)
             for j in range(self.depth):
                 layer = inner.layers[self.start + j]
+                window = sliding_window(model, self.start + j)
+                embeddings = rotary(model, x, position, self.start + j)
+                mask = (causal if window is None else causal & (distance < window))[None, None]
                 weights = merged[j] if merged is not None else self.merged(model, j, x.dtype)
                 out = functional_call(layer, weights, (x,), {
                     "attention_mask": mask, "position_ids": position, "past_key_values": cache,
@@ -133,12 +175,17 @@ def _module():
                 x = out[0] if isinstance(out, tuple) else out
             return x[0]
 
+        def normed(self, model, x):
+            """``x`` through the model's final norm with this adapter's norm weight, in float32."""
+            from torch.func import functional_call
+
+            norm = final_norm(decoder(model))
+            weights = {name: p.float() for name, p in norm.named_parameters()} | {"weight": self.norm}
+            return functional_call(norm, weights, (x.float(),))
+
         def forward(self, model, h, keys, values, n_prompt, merged=None):
             """Each response token's log-odds of being hallucinated, ``[R]`` float32."""
-            x = self.hidden(model, h, keys, values, n_prompt, merged).float()
-            eps = getattr(decoder(model).norm, "variance_epsilon", getattr(decoder(model).norm, "eps", 1e-6))
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.norm
-            return self.head(x)[:, 0]
+            return self.head(self.normed(model, self.hidden(model, h, keys, values, n_prompt, merged)))[:, 0]
 
         def arrays(self) -> dict[str, np.ndarray]:
             """The trained tensors, float32, by name (what an artifact stores)."""
@@ -267,14 +314,17 @@ def check(model, tolerance: float | None = None) -> float:
     n_layers = model.config.get_text_config().num_hidden_layers
     start, depth = default_layers(n_layers)
     vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.tensor([[(11 + 37 * i) % vocab for i in range(20)]], device=next(model.parameters()).device)
-    n_prompt = 12
+    # longer than a test model's sliding window (24 tokens), so that the window matters
+    ids = torch.tensor([[(11 + 37 * i) % vocab for i in range(40)]], device=next(model.parameters()).device)
+    n_prompt = 28
     adapter = new_adapter(model, start, depth).to(ids.device)
     try:
         with torch.inference_mode(), keeping(range(start, start + depth)) as kept:
             out = model(input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
             keys, values = kept.prompt(0, n_prompt)
             mine = adapter.hidden(model, out.hidden_states[start][0, n_prompt:], keys, values, n_prompt)
+            if start + depth == n_layers:  # the last hidden state is given after the final norm
+                mine = final_norm(decoder(model))(mine)
             theirs = out.hidden_states[start + depth][0, n_prompt:]
     except ModelError:
         raise

@@ -103,8 +103,12 @@ class SignalRequest:
         )
 
     def covers(self, other: "SignalRequest") -> bool:
-        """True when the signals of this request contain everything ``other`` asks for."""
-        return self.merge(other) == self
+        """True when the signals of this request contain everything ``other`` asks for (never where the two ask
+        for different settings of one thing, e.g. two adapters)."""
+        try:
+            return self.merge(other) == self
+        except ValueError:
+            return False
 
     def key(self) -> dict:
         """What identifies this request's signals in the cache: every field (the optional ones only when set) and
