@@ -50,10 +50,11 @@ def work_folder(identity: dict, views, settings: dict) -> Path:
 
 
 def _save(obj, path: Path) -> None:
-    """``torch.save`` into a temporary file renamed into place: a file is whole or absent."""
+    """``torch.save`` into a temporary file of this process renamed into place: a file is whole or absent, and two
+    fits of the same answers at once (which write the same values) never share a temporary file."""
     import torch
 
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
@@ -175,8 +176,9 @@ def train(scoring_model, records: list[dict], use: list[int], settings: dict, ch
                "schedule": schedule.state_dict(), "epoch": epoch, "position": 0}, checkpoint)
     bar.close()
     arrays = {k: v.astype(np.float16).astype(np.float32) for k, v in adapter.arrays().items()}
-    np.savez(done.with_name(done.name + ".tmp.npz"), **arrays)
-    os.replace(done.with_name(done.name + ".tmp.npz"), done)
+    tmp = done.with_name(f"{done.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, done)
     checkpoint.unlink(missing_ok=True)
     return arrays
 

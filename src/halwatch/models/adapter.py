@@ -175,17 +175,10 @@ def _module():
                 x = out[0] if isinstance(out, tuple) else out
             return x[0]
 
-        def normed(self, model, x):
-            """``x`` through the model's final norm with this adapter's norm weight, in float32."""
-            from torch.func import functional_call
-
-            norm = final_norm(decoder(model))
-            weights = {name: p.float() for name, p in norm.named_parameters()} | {"weight": self.norm}
-            return functional_call(norm, weights, (x.float(),))
-
         def forward(self, model, h, keys, values, n_prompt, merged=None):
             """Each response token's log-odds of being hallucinated, ``[R]`` float32."""
-            return self.head(self.normed(model, self.hidden(model, h, keys, values, n_prompt, merged)))[:, 0]
+            x = self.hidden(model, h, keys, values, n_prompt, merged)
+            return self.head(normed(model, self.norm, x))[:, 0]
 
         def arrays(self) -> dict[str, np.ndarray]:
             """The trained tensors, float32, by name (what an artifact stores)."""
@@ -195,6 +188,15 @@ def _module():
             self.load_state_dict({k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()})
 
     return Adapter
+
+
+def normed(model, weight, x):
+    """``x`` through the model's final norm with ``weight`` for its weight (the adapter's), in float32."""
+    from torch.func import functional_call
+
+    norm = final_norm(decoder(model))
+    weights = {name: p.float() for name, p in norm.named_parameters()} | {"weight": weight}
+    return functional_call(norm, weights, (x.float(),))
 
 
 def new_adapter(model, start: int, depth: int, rank: int = 8, alpha: float = 16.0, seed: int = 0):
