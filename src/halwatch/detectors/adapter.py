@@ -7,7 +7,7 @@ training answers' inputs once, trains one adapter per source-grouped fold on the
 scores are the out-of-fold scores the calibration, the threshold and the span rule are fitted on (as every
 supervised detector's are, :mod:`halwatch.detectors.crossfit`), and one adapter on every answer, the one that ships.
 The folds' adapters stay in the fit's work folder (``fitted_on["work"]``), so that a stack fitted on the same answers
-can read its out-of-fold inputs from them (:meth:`Adapter.fold_requests`).
+can read its out-of-fold inputs from them (:meth:`Adapter.fold_plan`, :meth:`Adapter.fold_request`).
 
 Departure: halwatch's own detector. LoRA (Hu et al. 2021) is the parameter-efficient update; fine-tuning a model's
 own layers with a token head on RAGTruth's span labels is what RAGTruth's fine-tuned baseline and LettuceDetect do

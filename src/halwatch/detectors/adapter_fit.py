@@ -96,10 +96,9 @@ def capture_inputs(scoring_model, views, start: int, depth: int, folder: Path, s
     """Every view's training inputs, captured once into ``folder`` (chunks of :data:`CHUNK`) and read back."""
     import torch
 
-    from halwatch.models.forward import ATTN_IMPLEMENTATION, check_adapter, install
+    from halwatch.models.forward import check_adapter, ensure_installed
 
-    if getattr(scoring_model.model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-        install(scoring_model.model)
+    ensure_installed(scoring_model.model)
     check_adapter(scoring_model.model)  # an architecture the adapter cannot run is refused before any pass
     records: list[dict] = []
     bar = progress(total=len(views), desc="adapter inputs", unit="answer", disable=not show)

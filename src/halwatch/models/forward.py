@@ -185,13 +185,18 @@ def padded(views: list[TokenView], pad: int, offset: int = 0):
     return ids, mask
 
 
+def ensure_installed(model) -> None:
+    """:func:`install` unless the model already runs halwatch's attention."""
+    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        install(model)
+
+
 def _prepare(model, views: list[TokenView], request: SignalRequest, cache, offset: int) -> None:
     """Before a pass: the capturing attention installed where the request reads attention, relevance or the
     adapter (plain passes run in the model's own attention), the adapter checked, and a cached prefix refused where
     the request cannot use one."""
-    installed = getattr(model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
-    if (request.heads or request.relevance is not None or request.adapter) and not installed:
-        install(model)
+    if request.heads or request.relevance is not None or request.adapter:
+        ensure_installed(model)
     if request.adapter is not None:
         check_adapter(model)
     if offset and request.adapter is not None:
