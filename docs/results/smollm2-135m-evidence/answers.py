@@ -12,6 +12,13 @@ sentences are left out).
   ``named`` or a past participle, which would need the words reordered). SQuAD's crowd workers were asked to write
   questions in their own words, so these answers paraphrase the gold sentence more than the copied ones; each row
   records the share of the answer's other words that the gold sentence holds.
+- ``generated``: dialogue replies that human raters judged fully supported by their one Wikipedia sentence (BEGIN's
+  Wizard-of-Wikipedia replies rated "Fully attributable", FaithDial's audited Wizard-of-Wikipedia replies rated
+  "entailment" alone), written by dialogue models (GPT-2, T5, CTRL, DoHA) and by people, never by rule. Each gold
+  sentence is put among the four other Wizard-of-Wikipedia sentences of the two sets that share most of its content
+  words (a retriever's neighbours: same topic, most often; near copies, sharing more than half, are left out), one
+  per line, in a seeded order. The gold range is the whole gold sentence; the row's overlap is the share of the
+  reply's content words the gold sentence holds.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import re
 import numpy as np
 
 from halwatch.data.shapes import build_squad_shapes
+from halwatch.data.shared import read_shared
 from halwatch.data.splits import split_of, split_of_source
 from halwatch.data.squad import read_squad
 from halwatch.sample import Sample
@@ -131,3 +139,49 @@ def long_contexts(rows: list[dict], n: int, pool: list[dict], seed: int = 0) -> 
         out.append({**row, "sample": sample, "kind": "long", "gold": (row["gold"][0] + shift, row["gold"][1] + shift),
                     "answer_start": row["answer_start"] + shift})
     return out
+
+
+def _content(text: str) -> set[str]:
+    return {w for w in WORD.findall(text.lower()) if w not in STOP}
+
+
+def _supported_wow() -> list:
+    """The rated-supported Wizard-of-Wikipedia replies of BEGIN and FaithDial's audit (every split)."""
+    out = []
+    for s in read_shared("begin", per_source=None):
+        if s.meta.get("data_source") == "wow" and s.meta.get("begin_label") == "Fully attributable":
+            out.append(s)
+    for s in read_shared("faithdial", per_source=None):
+        if s.meta.get("dataset") == "WoW" and s.meta.get("begin_labels") == ["entailment"]:
+            out.append(s)
+    return out
+
+
+def generated(split: str, neighbours: int = 4, seed: int = 0) -> list[dict]:
+    """The ``generated`` rows of ``split`` (module docstring): each reply with its gold sentence among its
+    ``neighbours`` nearest other sentences."""
+    replies = _supported_wow()
+    texts = {s.context.strip().lower(): s.context.strip() for s in read_shared("begin", per_source=None)
+             + read_shared("faithdial", per_source=None)
+             if s.meta.get("data_source") == "wow" or s.meta.get("dataset") == "WoW"}
+    pool = sorted(texts.values())  # one copy of sentences that differ only in case
+    words = [_content(c) for c in pool]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in replies:
+        if s.meta["split"] != split or len(_content(s.response)) < 3:
+            continue
+        gold = s.context.strip()
+        own = _content(gold)
+        shared = [(len(own & w) / len(own | w) if own | w else 0.0, c) for c, w in zip(pool, words)
+                  if c.lower() != gold.lower()]
+        near = [c for share, c in sorted(shared, key=lambda x: -x[0]) if share <= 0.5][:neighbours]
+        order = [gold] + near
+        rng.shuffle(order)
+        context = "\n".join(order)  # one retrieved sentence per line (many are lower case: no cut at ". a")
+        start = context.index(gold)
+        sample = Sample(context=context, question=s.question, response=s.response, id=f"{s.id}-among",
+                        meta={"source_id": s.meta["source_id"], "model": s.meta.get("model")})
+        rows.append({"sample": sample, "kind": "generated", "gold": (start, start + len(gold)),
+                     "answer_start": start, "overlap": overlap(s.response, "", gold)})
+    return rows

@@ -3,15 +3,18 @@ by measure.py), in its own environment (it pins its own dependencies; see comman
 (SmolLM2-135M-Instruct, float32, CPU), its own prompt template and the model's chat template, its default 64
 ablations and Lasso surrogate, the given answer instead of one it generates, and the context cut into the same
 sentences halwatch's evidence uses (its own cut needs NLTK data this machine cannot download). Writes each answer's
-top source (character range in the context) and seconds to contextcite.jsonl, resuming where it stopped.
+top source (character range in the context) and seconds to contextcite.jsonl, resuming where it stopped. N: the
+first N answers of each kind (phrase, sentence, restated); ``--kinds`` and ``--max-overlap`` pick instead every
+answer of those kinds whose overlap with the gold sentence is at most that.
 
     /work/ccvenv/bin/python docs/results/smollm2-135m-evidence/contextcite_run.py MODEL_FOLDER [N]
+        [--answers answers.jsonl] [--kinds restated generated --max-overlap 0.5]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -47,16 +50,19 @@ class Sentences(BaseContextPartitioner):
         return " ".join(self.get_source(i) for i in range(len(self.units)) if keep[i])
 
 
-def main(folder: str, n: int | None) -> None:
+def main(folder: str, n: int | None, answers: str, kinds: list[str] | None, max_overlap: float) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.eval()
-    rows = [json.loads(line) for line in (HERE / "answers.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (HERE / answers).read_text().splitlines()]
     out = HERE / "contextcite.jsonl"
     done = {json.loads(line)["id"] for line in out.read_text().splitlines()} if out.exists() else set()
-    picked = rows if n is None else [r for kind in ("phrase", "sentence", "restated")
-                                     for r in [x for x in rows if x["kind"] == kind][:n]]
+    if kinds:
+        picked = [r for r in rows if r["kind"] in kinds and r["overlap"] <= max_overlap]
+    else:
+        picked = rows if n is None else [r for kind in ("phrase", "sentence", "restated")
+                                         for r in [x for x in rows if x["kind"] == kind][:n]]
     with open(out, "a", encoding="utf-8") as f:
         for row in picked:
             if row["id"] in done:
@@ -73,4 +79,11 @@ def main(folder: str, n: int | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder")
+    parser.add_argument("n", nargs="?", type=int)
+    parser.add_argument("--answers", default="answers.jsonl", help="file in this folder, written by measure.py")
+    parser.add_argument("--kinds", nargs="*")
+    parser.add_argument("--max-overlap", type=float, default=1.0)
+    args = parser.parse_args()
+    main(args.folder, args.n, args.answers, args.kinds, args.max_overlap)

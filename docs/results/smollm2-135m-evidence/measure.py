@@ -6,10 +6,12 @@ context sentences, its results read from contextcite.jsonl when present).
 
 An answer's top source is the heaviest source over its sentences; it is right when it holds the first character of
 SQuAD's gold answer. A sentence the default flags has no sources: for the answer, a miss (the flag is reported
-beside). Writes answers.jsonl (the answers and their context sentences, for ContextCite) and test.json (or
---output).
+beside). ``--answers generated``: the dialogue replies rated supported (answers.py), right when the top source starts
+in the gold sentence. Writes answers.jsonl (answers-generated.jsonl: the answers and their context sentences, for
+ContextCite) and test.json (or --output).
 
     .venv/bin/python docs/results/smollm2-135m-evidence/measure.py --split test [--relevance N] [--output F]
+        [--answers squad|generated] [--answers-only]
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from answers import copied, lexical, long_contexts, restated  # noqa: E402
+from answers import copied, generated, lexical, long_contexts, restated  # noqa: E402
 
 import halwatch  # noqa: E402
 from halwatch.eval.protocols import source_commit  # noqa: E402
@@ -41,7 +43,13 @@ def top_source(result) -> tuple[int, int] | None:
 
 
 def holds(found, row) -> bool:
-    return found is not None and found[0] <= row["answer_start"] < found[1]
+    """Whether a top source is right: it holds the gold answer's first character (SQuAD rows) or starts inside the
+    gold sentence (``generated`` rows, whose gold is a whole sentence that the context's cut may part in two)."""
+    if found is None:
+        return False
+    if row["kind"] == "generated":
+        return row["gold"][0] <= found[0] < row["gold"][1]
+    return found[0] <= row["answer_start"] < found[1]
 
 
 def run(hw, rows: list[dict], mode: str) -> tuple[list[dict], float]:
@@ -65,8 +73,11 @@ def shares(rows: list[dict], hits: dict[str, list]) -> dict:
              "restated": lambda r: r["kind"] == "restated",
              "long contexts (windows)": lambda r: r["kind"] == "long",
              "restated, at most half of the other words in the gold sentence":
-                 lambda r: r["kind"] == "restated" and r["overlap"] <= 0.5}
-    for kind in ("phrase", "sentence", "restated") if cited else ():
+                 lambda r: r["kind"] == "restated" and r["overlap"] <= 0.5,
+             "generated": lambda r: r["kind"] == "generated",
+             "generated, at most half of their words in the gold sentence":
+                 lambda r: r["kind"] == "generated" and r["overlap"] <= 0.5}
+    for kind in ("phrase", "sentence", "restated", "generated") if cited else ():
         kinds[f"{kind}, the answers ContextCite was run on"] = lambda r, kind=kind: r["kind"] == kind
     out = {}
     for name, keep in kinds.items():
@@ -90,16 +101,25 @@ def main() -> None:
     parser.add_argument("--relevance", type=int, default=0, help="answers (the first of each kind) for relevance")
     parser.add_argument("--output", default="test.json", help="file name in this folder")
     parser.add_argument("--long", type=int, default=40, help="answers put among other passages (windows)")
+    parser.add_argument("--answers", default="squad", choices=("squad", "generated"),
+                        help="the SQuAD-built answers, or the dialogue replies rated supported (answers.py)")
+    parser.add_argument("--answers-only", action="store_true", help="write the answers file for ContextCite and stop")
     args = parser.parse_args()
-    rows = copied(args.split) + restated(args.split, 10_000)
-    rows += [x for kind in ("sentence", "restated")
-             for x in long_contexts([r for r in rows if r["kind"] == kind], args.long // 2, rows)]
+    if args.answers == "generated":
+        rows = generated(args.split)
+    else:
+        rows = copied(args.split) + restated(args.split, 10_000)
+        rows += [x for kind in ("sentence", "restated")
+                 for x in long_contexts([r for r in rows if r["kind"] == kind], args.long // 2, rows)]
     for r in rows:
         r["units"] = len(sentence_ranges(r["sample"].context))
-    with open(HERE / "answers.jsonl", "w", encoding="utf-8") as f:
+    with open(HERE / ("answers.jsonl" if args.answers == "squad" else "answers-generated.jsonl"), "w",
+              encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps({**_record(r), "kind": r["kind"], "answer_start": r["answer_start"],
-                                "units": sentence_ranges(r["sample"].context)}) + "\n")
+                                "overlap": r["overlap"], "units": sentence_ranges(r["sample"].context)}) + "\n")
+    if args.answers_only:
+        return
     hw = halwatch.load()
     attention, seconds = run(hw, rows, "attention")
     hits = {"lexical": [holds(lexical(r), r) for r in rows],
@@ -109,7 +129,7 @@ def main() -> None:
               "windows per long answer": round(float(np.mean([r.windows for r, row in zip(attention, rows)
                                                                 if row["kind"] == "long"] or [0])), 2)}
     if args.relevance:
-        picked = [i for kind in ("phrase", "sentence", "restated")
+        picked = [i for kind in ("phrase", "sentence", "restated", "generated")
                   for i in [j for j, r in enumerate(rows) if r["kind"] == kind][:args.relevance]]
         found, seconds = run(hw, [rows[i] for i in picked], "relevance")
         hits["halwatch relevance"] = [None] * len(rows)
@@ -121,8 +141,11 @@ def main() -> None:
         by_id = {c["id"]: c for c in map(json.loads, cc_path.read_text().splitlines())}
         hits["ContextCite"] = [holds(tuple(by_id[r["sample"].id]["top"]), r) if r["sample"].id in by_id else None
                                for r in rows]
-        timing["ContextCite, s/answer"] = round(float(np.mean([c["seconds"] for c in by_id.values()])), 4)
-    out = {"commit": source_commit(), "split": args.split, "dtype": hw.pipeline.scorer.model.dtype,
+        ran = [by_id[r["sample"].id]["seconds"] for r in rows if r["sample"].id in by_id]
+        if ran:
+            timing["ContextCite, s/answer"] = round(float(np.mean(ran)), 4)
+    out = {"commit": source_commit(), "split": args.split, "answers": args.answers,
+           "dtype": hw.pipeline.scorer.model.dtype,
            "top1_in_gold_sentence": shares(rows, hits), "seconds": timing}
     print(json.dumps(out, indent=1))
     (HERE / args.output).write_text(json.dumps(out, indent=1) + "\n")
