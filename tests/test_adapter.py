@@ -13,6 +13,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from halwatch.detectors import adapter_fit, create_detector, load_detector
+from halwatch.detectors.adapter import load_adapter
 from halwatch.errors import HalwatchError, InputError
 from halwatch.models import adapter as adapter_lib
 from halwatch.models import forward
@@ -149,6 +150,17 @@ def test_fit_needs_span_labels(raw, short_answers):
     without = [dataclasses.replace(s, spans=[]) for s in fit]
     with pytest.raises(InputError, match="span labels"):
         create_detector("adapter", scorer=raw).fit(without)
+
+
+def test_an_adapter_setting_names_an_adapter(tmp_path):
+    with pytest.raises(InputError, match="a routed artifact, not an adapter"):
+        load_adapter("default")
+    with pytest.raises(HalwatchError, match="no artifact file 'no-such-adapter'"):
+        load_adapter("no-such-adapter")
+    broken = tmp_path / "broken.json"
+    broken.write_text("[1, 2", encoding="utf-8")
+    with pytest.raises(HalwatchError, match="not a readable detector artifact"):
+        load_adapter(str(broken))
 
 
 def test_fused_stacks_the_adapter_out_of_fold(tiny, smol, short_answers, tmp_path):

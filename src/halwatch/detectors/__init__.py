@@ -14,7 +14,7 @@ from halwatch.detectors.lrp4rag import LRP4RAG
 from halwatch.detectors.polygraph import Polygraph
 from halwatch.detectors.routed import Routed
 from halwatch.detectors.sampling import EigenScore, LNEntropy, SelfCheckEntailment, SelfCheckNGram, SemanticEntropy
-from halwatch.detectors.shipped import shipped_artifacts
+from halwatch.detectors.shipped import artifact_json, shipped_artifacts
 from halwatch.detectors.toha import TOHA, TOHAMST, TOHACopyHeads
 from halwatch.errors import HalwatchError, InputError
 
@@ -93,19 +93,9 @@ def read_artifact(source: str | Path | dict) -> dict:
     be a halwatch artifact of a known detector."""
     if isinstance(source, dict):
         return _checked(source, "artifact")
-    path = Path(source)
-    if not path.is_file():
-        shipped = shipped_artifacts()
-        if str(source) not in shipped:
-            hint = (f"; {source!r} is a method: fit it first with `halwatch fit --detector {source}`"
-                    if source in DETECTORS else "")
-            raise HalwatchError(f"no artifact file {str(source)!r} and no shipped artifact of that name "
-                                f"(shipped: {', '.join(sorted(shipped)) or 'none'}){hint}")
-        path = shipped[str(source)]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise HalwatchError(f"{path}: not a readable detector artifact ({exc})") from exc
+    hint = (f"; {source!r} is a method: fit it first with `halwatch fit --detector {source}`"
+            if source in DETECTORS else "")
+    data, path = artifact_json(source, hint)
     return _checked(data, str(path))
 
 

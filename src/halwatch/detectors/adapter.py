@@ -171,15 +171,10 @@ class Adapter(Detector):
 
 def load_adapter(source: str, scorer=None) -> Adapter:
     """A fitted adapter from a shipped artifact's name or an artifact file."""
-    import json
-    from pathlib import Path
+    from halwatch.detectors.shipped import artifact_json
 
-    from halwatch.detectors.shipped import shipped_artifacts
-
-    path = Path(source) if Path(source).is_file() else shipped_artifacts().get(str(source))
-    if path is None:
-        raise InputError(f"adapter {source!r}: no such artifact file and no shipped artifact of that name")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("detector") != Adapter.name:
-        raise InputError(f"adapter {source!r}: a {data.get('detector')} artifact, not an adapter")
+    data, _ = artifact_json(source)
+    if not isinstance(data, dict) or data.get("detector") != Adapter.name:
+        kind = data.get("detector") if isinstance(data, dict) else None
+        raise InputError(f"adapter {source!r}: a {kind} artifact, not an adapter")
     return Adapter.from_dict(data, scorer=scorer, precision_warning=False)
