@@ -126,7 +126,7 @@ def content_tokens(view: TokenView) -> np.ndarray:
                     dtype=bool)
 
 
-def _units(sample) -> tuple[str, int, list[tuple[int, int]]]:
+def context_units(sample) -> tuple[str, int, list[tuple[int, int]]]:
     """``(field, its start in the prompt, its sentences)``: the context's sentences, or the prompt's."""
     if sample.context_span is not None:
         start, end = sample.context_span
@@ -146,7 +146,7 @@ def sentence_rows(view: TokenView, sentences: list[dict]) -> list[np.ndarray]:
     return out
 
 
-def _weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, rows_of: list[np.ndarray]
+def unit_weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, rows_of: list[np.ndarray]
              ) -> np.ndarray:
     """``[answer sentences, units]``: each answer sentence's share of the mass of its tokens (``rows_of``,
     :func:`sentence_rows`) on the units (:func:`_units`)."""
@@ -173,12 +173,12 @@ def attach(verdicts: list[dict], views: list[TokenView], signals: list[Signals],
     the answer's views (an answer's windows come together, :func:`halwatch.tokens.window_groups`)."""
     for verdict, group in zip(verdicts, window_groups(views)):
         sample = views[group[0]].sample
-        field, base, units = _units(sample)
+        field, base, units = context_units(sample)
         sentences = verdict["evidence"]
         rows_of = sentence_rows(views[group[0]], sentences)
         weights = np.zeros((len(sentences), len(units)))
         for i in group:
-            found = _weights(views[i], token_mass(signals[i], mode), tokenizer, base, units, rows_of)
+            found = unit_weights(views[i], token_mass(signals[i], mode), tokenizer, base, units, rows_of)
             weights = np.maximum(weights, found)
         text = sample.prompt[base:]  # the context from its start (base 0: the prompt)
         for j, sentence in enumerate(sentences):
