@@ -117,7 +117,8 @@ def main() -> None:
               encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps({**_record(r), "kind": r["kind"], "answer_start": r["answer_start"],
-                                "overlap": r["overlap"], "units": sentence_ranges(r["sample"].context)}) + "\n")
+                                "gold": r["gold"], "overlap": r["overlap"],
+                                "units": sentence_ranges(r["sample"].context)}) + "\n")
     if args.answers_only:
         return
     hw = halwatch.load()
