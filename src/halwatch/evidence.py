@@ -147,9 +147,9 @@ def sentence_rows(view: TokenView, sentences: list[dict]) -> list[np.ndarray]:
 
 
 def unit_weights(view: TokenView, mass: np.ndarray, tokenizer, base: int, units, rows_of: list[np.ndarray]
-             ) -> np.ndarray:
+                 ) -> np.ndarray:
     """``[answer sentences, units]``: each answer sentence's share of the mass of its tokens (``rows_of``,
-    :func:`sentence_rows`) on the units (:func:`_units`)."""
+    :func:`sentence_rows`) on the units (:func:`context_units`)."""
     spans = prompt_offsets(view, tokenizer)
     starts = np.where(spans[:, 1] > 0, spans[:, 1] - 1 - base, -1)  # a token's last character: " It" is in "It ..."
     unit_starts = np.array([a for a, _ in units], dtype=np.int64)

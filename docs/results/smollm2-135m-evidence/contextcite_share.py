@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from measure import holds  # noqa: E402
 
 
 def main(answers: str) -> None:
@@ -23,11 +26,7 @@ def main(answers: str) -> None:
     for row in rows:
         if row["id"] not in cited:
             continue
-        a, b = cited[row["id"]]["top"]
-        if row["kind"] == "generated":  # the top source starts in the gold sentence
-            right = row["gold"][0] <= a < row["gold"][1]
-        else:  # the top source holds the gold answer's first character
-            right = a <= row["answer_start"] < b
+        right = holds(tuple(cited[row["id"]]["top"]), row)
         for kind in (row["kind"], f"{row['kind']}, overlap <= 0.5" if row["overlap"] <= 0.5 else None):
             if kind:
                 out.setdefault(kind, []).append((right, cited[row["id"]]["seconds"]))

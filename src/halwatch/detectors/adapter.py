@@ -174,7 +174,7 @@ def load_adapter(source: str, scorer=None) -> Adapter:
     from halwatch.detectors.shipped import artifact_json
 
     data, _ = artifact_json(source)
-    if not isinstance(data, dict) or data.get("detector") != Adapter.name:
-        kind = data.get("detector") if isinstance(data, dict) else None
+    kind = data.get("detector") if isinstance(data, dict) else None
+    if kind != Adapter.name:
         raise InputError(f"adapter {source!r}: a {kind} artifact, not an adapter")
     return Adapter.from_dict(data, scorer=scorer, precision_warning=False)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from halwatch.files import replaced
 from halwatch.models import adapter as adapter_lib
 from halwatch.progress import progress
 
@@ -50,13 +50,12 @@ def work_folder(identity: dict, views, settings: dict) -> Path:
 
 
 def _save(obj, path: Path) -> None:
-    """``torch.save`` into a temporary file of this process renamed into place: a file is whole or absent, and two
-    fits of the same answers at once (which write the same values) never share a temporary file."""
+    """``torch.save`` through :func:`halwatch.files.replaced`: a file is whole or absent, and two fits of the same
+    answers at once (which write the same values) never share a temporary file."""
     import torch
 
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with replaced(path, binary=True) as f:
+        torch.save(obj, f)
 
 
 def _inputs_of(scoring_model, view, start: int, depth: int) -> dict:
@@ -149,6 +148,11 @@ def train(scoring_model, records: list[dict], use: list[int], settings: dict, ch
         optimiser.load_state_dict(state["optimiser"])
         schedule.load_state_dict(state["schedule"])
         epoch, position = state["epoch"], state["position"]
+
+    def keep() -> None:  # the checkpoint: where the training stands, resumed from by the same call
+        _save({"adapter": adapter.state_dict(), "optimiser": optimiser.state_dict(),
+               "schedule": schedule.state_dict(), "epoch": epoch, "position": position}, checkpoint)
+
     bar = progress(total=settings["epochs"] * len(fit), initial=epoch * len(fit) + position, desc=desc,
                    unit="answer", disable=not show)
     while epoch < settings["epochs"]:
@@ -167,17 +171,14 @@ def train(scoring_model, records: list[dict], use: list[int], settings: dict, ch
                 schedule.step()
                 optimiser.zero_grad()
             if position % CHECKPOINT_EVERY == 0 and position < len(order):
-                _save({"adapter": adapter.state_dict(), "optimiser": optimiser.state_dict(),
-                       "schedule": schedule.state_dict(), "epoch": epoch, "position": position}, checkpoint)
+                keep()
         optimiser.zero_grad()
         epoch, position = epoch + 1, 0
-        _save({"adapter": adapter.state_dict(), "optimiser": optimiser.state_dict(),
-               "schedule": schedule.state_dict(), "epoch": epoch, "position": 0}, checkpoint)
+        keep()
     bar.close()
     arrays = {k: v.astype(np.float16).astype(np.float32) for k, v in adapter.arrays().items()}
-    tmp = done.with_name(f"{done.name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, done)
+    with replaced(done, binary=True) as f:
+        np.savez(f, **arrays)
     checkpoint.unlink(missing_ok=True)
     return arrays
 
