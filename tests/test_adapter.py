@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 from halwatch.detectors import adapter_fit, create_detector, load_detector
 from halwatch.detectors.adapter import load_adapter
 from halwatch.errors import HalwatchError, InputError
+from halwatch.eval.protocols import Bench
 from halwatch.models import adapter as adapter_lib
 from halwatch.models import forward
 from halwatch.models.registry import home
@@ -186,8 +187,15 @@ def test_fused_stacks_the_adapter_out_of_fold(tiny, smol, short_answers, tmp_pat
             np.testing.assert_array_equal(swapped[i].logprobs, signals[i].logprobs)
     other = [scorer.encode(s) for s in held]
     assert detector.fold_plan(other) == {}  # sources it never trained on keep the final adapter's
+    routed = create_detector("routed", scorer=scorer, adapter=str(path))
+    for stack in (fused, routed):
+        assert stack.adapter_trained_on(views) == list(range(8)) and stack.adapter_trained_on(other) == []
     fused.fit(fit)
     assert "adapter" in fused.coefficients()
+    bench = Bench(scorer, [], progress=False)  # a bench never scores the adapter's own training answers
+    with pytest.raises(InputError, match="8 of the 8 answers to score share a source with the answers the "):
+        bench.score_answers(fused, views, signals)
+    assert len(bench.score_answers(fused, other, scorer.signals(held, fused.request(), views=other))[0][0]) == len(held)
     saved = tmp_path / "fused.json"
     fused.save(saved)
     np.testing.assert_allclose(load_detector(saved, scorer=scorer).score(held), fused.score(held), atol=1e-6)

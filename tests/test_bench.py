@@ -206,6 +206,21 @@ def test_an_artifact_is_scored_as_it_is_and_never_on_its_own_training_split(smol
         shipped.run("official", [b], artifacts=[str(path)])
 
 
+def test_the_fit_data_text_names_its_datasets_and_split_after_any_description():
+    """``halwatch fit --datasets ... --split ... --describe TEXT`` records the user's text and still the datasets and
+    split the bench reads back (an artifact fitted with --describe was unreadable to the bench before); a file's
+    name or free text names none."""
+    from halwatch.data.splits import describe_fit_data, fit_data_of
+
+    said = "RAGTruth QA (ragtruth:all), split train; my notes"
+    assert fit_data_of(describe_fit_data(["ragtruth:all"], "train", said)) == ({"ragtruth:all"}, ["train"])
+    assert describe_fit_data(["ragtruth:all"], "train", said).startswith(said)
+    assert fit_data_of(describe_fit_data(["begin", "squad-shapes"], "train+dev")) == ({"begin", "squad-shapes"},
+                                                                                     ["train", "dev"])
+    for text in ("answers.jsonl", said, "RAGTruth QA, official train split", ""):
+        assert fit_data_of(text) is None, text
+
+
 def test_every_split_keeps_a_source_on_one_side():
     """Two generators' answers to one RAGTruth source never sit on both sides of a split, under any protocol."""
     from halwatch.data.splits import split_of

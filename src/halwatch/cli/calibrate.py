@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
                         "answers (e.g. 0.25), or the share estimated from the unlabelled answers of --input or "
                         "--datasets ('estimate'); verdicts and spans stay as they are (with --task, only that "
                         "task's part)")
-    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path; with "
+                        "--datasets it goes before the datasets and split, which are always recorded)")
     p.add_argument("--skip-invalid", action="store_true", help="report and skip bad records instead of stopping")
     add_scorer_options(p, defaults_from_artifact=True)
     add_windows_option(p)

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--output", required=True, help="artifact file to write (JSON)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default=None,
                    help="default platt (with --into: the artifact's)")
-    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path)")
+    p.add_argument("--describe", help="what the data is, recorded in the artifact (default: the input path; with "
+                        "--datasets it goes before the datasets and split, which are always recorded)")
     p.add_argument("--map-from", metavar="ARTIFACT",
                    help="lookback-lens only: no fitting; map this artifact's detector (fitted with another scoring "
                         "model) onto --model's heads with a linear map fitted on --input (labels not needed)")

@@ -198,9 +198,9 @@ def labelled_input(args, scorer, labelled: bool = True):
         samples = [s for name in args.datasets for s in load_dataset(name)[0] if split_of(s) in parts]
         if not samples:
             raise InputError(f"no samples of the split(s) {args.split} in {', '.join(args.datasets)}")
-        describe = describe_fit_data(args.datasets, args.split)
+        describe = describe_fit_data(args.datasets, args.split, args.describe)
     unlabelled = [s for s in samples if s.label is None]
     if unlabelled and labelled:
         raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)
     samples, _ = encode_all(scorer, samples, args.skip_invalid)
-    return samples, args.describe or describe
+    return samples, (args.describe if args.input else None) or describe

@@ -10,6 +10,7 @@ train / dev / test (:data:`SHARES`).
 from __future__ import annotations
 
 import hashlib
+import re
 
 SPLITS = ("train", "dev", "test")
 #: Shares of sources in the train, dev and test splits of a set without an official split.
@@ -41,14 +42,18 @@ def split_of(sample) -> str | None:
     return "dev" if split == "train" and sample.meta.get("dev") else split
 
 
-def describe_fit_data(datasets, split: str) -> str:
-    """What an artifact fitted on named datasets records as ``fitted_on.data``: "NAME, NAME: split PARTS" (read back by
-    :func:`fit_data_of`)."""
-    return f"{', '.join(datasets)}: split {split}"
+def describe_fit_data(datasets, split: str, said: str | None = None) -> str:
+    """What an artifact fitted on named datasets records as ``fitted_on.data``: "NAME, NAME: split PARTS", after the
+    user's own description where one was given ("SAID; NAME: split PARTS"), read back by :func:`fit_data_of`."""
+    standard = f"{', '.join(datasets)}: split {split}"
+    return f"{said}; {standard}" if said else standard
 
 
 def fit_data_of(described: str) -> tuple[set[str], list[str]] | None:
     """The datasets and split parts of a :func:`describe_fit_data` text, or ``None`` where it names none (an artifact
     fitted on a file)."""
-    names, _, split = str(described).rpartition(": split ")
-    return ({n.strip() for n in names.split(",")}, split.split("+")) if names else None
+    found = re.search(r"(?:^|; )([^;]+): split ([\w+]+)$", str(described))
+    if not found:
+        return None
+    names, split = found.groups()
+    return {n.strip() for n in names.split(",")}, split.split("+")

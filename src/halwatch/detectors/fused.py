@@ -138,11 +138,22 @@ class Fused(Detector):
     def fit_signals(self, signals, labels, views=None, groups=None, scored=None):
         """:meth:`Detector.fit_signals`, with the adapter's log-odds of the answers it was trained on replaced by
         its folds' (module docstring)."""
-        if self.settings.get("adapter") and views is not None:
+        if self.settings.get("adapter"):
+            if views is None:
+                raise ValueError("a stack with an adapter needs the answers' views to find those the adapter was "
+                                 "trained on")
             signals = self._held_adapter(signals, views)
             if scored is not None:
                 scored = (scored[0], self._held_adapter(scored[1], scored[0]))
         return super().fit_signals(signals, labels, views, groups, scored)
+
+    def adapter_trained_on(self, views) -> list[int]:
+        """The indices of ``views`` whose source the ``adapter`` setting's adapter was trained on (in one of its
+        folds): scores of them are not held out. Empty without an adapter."""
+        if not self.settings.get("adapter"):
+            return []
+        self.adapter_request()
+        return sorted(i for idx in self.adapter.fold_plan(views).values() for i in idx)
 
     def _held_adapter(self, signals, views) -> list:
         """``signals`` with ``adapter`` from the fold's adapter that did not see each answer's source, for the

@@ -81,6 +81,11 @@ class Routed(Detector):
             self._template.adapter_sha = next((p.adapter_sha for p in self.parts.values() if p.adapter_sha), None)
         return self._template.request()
 
+    def adapter_trained_on(self, views) -> list[int]:
+        """:meth:`Fused.adapter_trained_on` for the adapter every part shares."""
+        self.request()
+        return self._template.adapter_trained_on(views)
+
     def fit_signals(self, signals: list[Signals], labels, views: list[TokenView] | None = None,
                     groups=None, scored=None) -> "Routed":
         """A fresh :class:`Fused` part fitted on each task's answers alone (the task from each view's sample, else

@@ -93,7 +93,13 @@ class Bench:
         """``((probabilities, ranking scores), span figures, thresholds)`` of a fitted detector on answers (one view
         and its signals each), every long context scored in windows (:meth:`halwatch.scorer.Scorer.windowed`,
         :meth:`halwatch.detectors.base.Detector.answer_scores`). A detector with one part per task is judged by the
-        part of the answers' task: span figures need one task, and a set of several tasks has none."""
+        part of the answers' task: span figures need one task, and a set of several tasks has none. Refused where
+        the detector's adapter (setting ``adapter``) was trained on a source of the answers."""
+        seen = getattr(det, "adapter_trained_on", lambda _: [])(views)
+        if seen:
+            raise InputError(f"{len(seen)} of the {len(views)} answers to score share a source with the answers "
+                             f"the detector's adapter was trained on (first: {views[seen[0]].sample.id}): its scores "
+                             "of them would not be held out; score another split or fit the adapter without them")
         tasks = {task_of(v.sample) for v in views}
         flat_views, flat_signals = self.scorer.windowed(views, signals, det.request(), self.progress)
         _, probs, ranking, thresholds, tokens = det.answer_scores(flat_views, flat_signals)
