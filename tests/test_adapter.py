@@ -196,6 +196,13 @@ def test_fused_stacks_the_adapter_out_of_fold(tiny, smol, short_answers, tmp_pat
     with pytest.raises(InputError, match="8 of the 8 answers to score share a source with the answers the "):
         bench.score_answers(fused, views, signals)
     assert len(bench.score_answers(fused, other, scorer.signals(held, fused.request(), views=other))[0][0]) == len(held)
+    # a routed part that adapter_tasks does not name is fitted without the adapter, the pass still runs it
+    apart = create_detector("routed", scorer=scorer, adapter=str(path), adapter_tasks="dialogue", folds=2, C=1.0,
+                            token_C=0.001, token_kind="linear").fit(fit)
+    assert "adapter" not in apart.for_task("qa").coefficients() and apart.request().adapter is not None
+    for wrong in ({"adapter_tasks": "qa"}, {"adapter": str(path), "adapter_tasks": "qa,poems"}):
+        with pytest.raises(ValueError, match="adapter_tasks: tasks"):
+            create_detector("routed", **wrong)
     saved = tmp_path / "fused.json"
     fused.save(saved)
     np.testing.assert_allclose(load_detector(saved, scorer=scorer).score(held), fused.score(held), atol=1e-6)

@@ -40,12 +40,17 @@ class Routed(Detector):
     supervised = True
 
     def __init__(self, scorer=None, calibration: str = "platt", decision: str = "f1", prior: float | None = None,
-                 fallback: str = "qa", **settings):
+                 fallback: str = "qa", adapter_tasks=None, **settings):
         if fallback not in TASKS:
             raise ValueError(f"fallback: one of {', '.join(TASKS)}, not {fallback!r}")
         Fused(calibration=calibration, decision=decision, prior=prior, **settings)  # the parts' settings, checked now
+        if adapter_tasks is not None:
+            adapter_tasks = sorted(set(adapter_tasks.split(",") if isinstance(adapter_tasks, str) else adapter_tasks))
+            if not settings.get("adapter") or not set(adapter_tasks) <= set(TASKS):
+                raise ValueError(f"adapter_tasks: tasks ({', '.join(TASKS)}) whose parts stack the adapter, with "
+                                 f"an adapter setting; not {adapter_tasks!r}")
         super().__init__(scorer=scorer, calibration=calibration, decision=decision, prior=prior, fallback=fallback,
-                         **settings)
+                         **({"adapter_tasks": adapter_tasks} if adapter_tasks is not None else {}), **settings)
         self.parts: dict[str, Fused] = {}
         self._template: Fused | None = None  # an unfitted part, for the request
 
@@ -53,8 +58,13 @@ class Routed(Detector):
     def setting_names(cls) -> set[str]:
         return super().setting_names() | Fused.setting_names()
 
-    def _part_settings(self) -> dict:
-        return {k: v for k, v in self.settings.items() if k != "fallback"}
+    def _part_settings(self, task: str | None = None) -> dict:
+        """The settings of ``task``'s part: every one but the routing's own; the ``adapter`` only where
+        ``adapter_tasks`` names the task (or names none). With no task: those of the pass every part reads."""
+        out = {k: v for k, v in self.settings.items() if k not in ("fallback", "adapter_tasks")}
+        if task is not None and task not in self.settings.get("adapter_tasks", [task]):
+            out.pop("adapter", None)
+        return out
 
     # ---- routing ------------------------------------------------------------------------------------------------
     def route(self, task: str | None) -> str:
@@ -116,7 +126,7 @@ class Routed(Detector):
         self.parts = {}
         for task, idx in owned.items():
             part = Fused(scorer=self.scorer, calibration=self.calibrator.method, decision=self.decision_rule,
-                         prior=self.prior, **self._part_settings())
+                         prior=self.prior, **self._part_settings(task))
             flat = None if windows is None else [k for i in idx for k in windows[i]]
             self.parts[task] = part.fit_signals([signals[i] for i in idx], labels[idx],
                                                 None if views is None else [views[i] for i in idx],
@@ -142,7 +152,7 @@ class Routed(Detector):
         ``{"added": [tasks new here], "replaced": [tasks whose part was replaced]}``."""
         self._require_fitted()
         fitted._require_fitted()
-        mine, theirs = self._part_settings(), fitted._part_settings()
+        mine, theirs = ({k: v for k, v in d.settings.items() if k != "fallback"} for d in (self, fitted))
         same = (mine, self.calibrator.method, self.decision_rule, self.prior) == (
             theirs, fitted.calibrator.method, fitted.decision_rule, fitted.prior)
         if not same:
