@@ -19,6 +19,8 @@ def by_detector(rows: list[dict]) -> dict:
     """{(dataset, "adapter" or "plain"): row} for the routed rows of a results or predictions file."""
     out = {}
     for row in rows:
+        if row.get("settings", {}).get("training", "included") != "included":
+            continue  # a fit without the set (--hold-out NAME): not the rule's rows
         name = row["detector"]
         if name == "routed":
             out[(row["dataset"], "plain")] = row
