@@ -1,7 +1,9 @@
 """The stop rule of commands.txt applied to step 3's dev run: per dev set, the AUROC of the routed default with the
 adapter family and without it (both fitted on the training parts, read on the dev parts), the paired difference with
 its 95 % bootstrap interval (the same resampled answers for both), and the verdict: ship only if RAGTruth (ragtruth:all)
-gains >= 0.01 and no other set loses more than 0.01. Also the FPR and TPR at each one's threshold and the span F1.
+gains >= 0.01 and no other set loses more than 0.01. Also the FPR and TPR at each one's threshold and the span F1,
+and per part (task): a part takes the adapter where none of its dev sets loses more than 0.01 and they gain on
+average (the routed setting adapter_tasks), which the rows show since each part is fitted on its own task alone.
 
     python check.py WORK/routed-adapter-dev        (prints a markdown table and the verdict)
 """
@@ -13,6 +15,10 @@ from pathlib import Path
 from halwatch.eval.metrics import paired_bootstrap
 
 GAIN, LOSS, TARGET = 0.01, 0.01, "ragtruth:all"
+#: The part (task) that judges each dev set: each part is fitted on its own task's answers alone.
+PARTS = {"ragtruth:all": "qa", "ragtruth-qa:all": "qa", "squad-shapes": "qa", "squad-shapes-ragtruth": "qa",
+         "begin": "dialogue", "faithdial": "dialogue", "diasumfact": "summary", "summedits": "summary",
+         "xsum-hallucination": "summary"}
 
 
 def by_detector(rows: list[dict]) -> dict:
@@ -57,6 +63,16 @@ def main(folder: Path) -> None:
     print(f"{TARGET}: {changes.get(TARGET, float('nan')):+.3f} (rule: >= +{GAIN}); largest loss elsewhere: "
           f"{worst[0]:+.3f} on {worst[1]} (rule: no set below -{LOSS})")
     print("verdict:", "ship the adapter" if gained and worst[0] >= -LOSS else "the adapter stays out")
+    # per part: it takes the adapter where none of its sets loses more than LOSS and they gain on average
+    helps = []
+    for part in sorted(set(PARTS.values())):
+        mine = [changes[d] for d in changes if PARTS.get(d) == part]
+        ok = bool(mine) and min(mine) >= -LOSS and sum(mine) / len(mine) > 0
+        print(f"part {part}: mean change {sum(mine) / max(len(mine), 1):+.3f}, lowest {min(mine, default=0):+.3f}"
+              f" -> {'takes' if ok else 'goes without'} the adapter")
+        helps += [part] * ok
+    if gained and "qa" in helps:
+        print("per part: ship with adapter_tasks=" + ",".join(helps))
 
 
 if __name__ == "__main__":
