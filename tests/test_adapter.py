@@ -200,7 +200,7 @@ def test_fused_stacks_the_adapter_out_of_fold(tiny, smol, short_answers, tmp_pat
     apart = create_detector("routed", scorer=scorer, adapter=str(path), adapter_tasks="dialogue", folds=2, C=1.0,
                             token_C=0.001, token_kind="linear").fit(fit)
     assert "adapter" not in apart.for_task("qa").coefficients() and apart.request().adapter is not None
-    for wrong in ({"adapter_tasks": "qa"}, {"adapter": str(path), "adapter_tasks": "qa,poems"}):
+    for wrong in ({"adapter_tasks": "qa"}, {"adapter": str(path), "adapter_tasks": "qa+poems"}):
         with pytest.raises(ValueError, match="adapter_tasks: tasks"):
             create_detector("routed", **wrong)
     saved = tmp_path / "fused.json"

@@ -72,7 +72,7 @@ def main(folder: Path) -> None:
               f" -> {'takes' if ok else 'goes without'} the adapter")
         helps += [part] * ok
     if gained and "qa" in helps:
-        print("per part: ship with adapter_tasks=" + ",".join(helps))
+        print("per part: ship with adapter_tasks=" + "+".join(helps))
 
 
 if __name__ == "__main__":

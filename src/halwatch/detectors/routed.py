@@ -45,7 +45,7 @@ class Routed(Detector):
             raise ValueError(f"fallback: one of {', '.join(TASKS)}, not {fallback!r}")
         Fused(calibration=calibration, decision=decision, prior=prior, **settings)  # the parts' settings, checked now
         if adapter_tasks is not None:
-            adapter_tasks = sorted(set(adapter_tasks.split(",") if isinstance(adapter_tasks, str) else adapter_tasks))
+            adapter_tasks = sorted(set(adapter_tasks.split("+") if isinstance(adapter_tasks, str) else adapter_tasks))
             if not settings.get("adapter") or not set(adapter_tasks) <= set(TASKS):
                 raise ValueError(f"adapter_tasks: tasks ({', '.join(TASKS)}) whose parts stack the adapter, with "
                                  f"an adapter setting; not {adapter_tasks!r}")
