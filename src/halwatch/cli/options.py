@@ -189,7 +189,7 @@ def labelled_input(args, scorer, labelled: bool = True):
         raise InputError("give either --input FILE or --datasets NAME ...")
     if args.input:
         samples = read_input(args.input, args.skip_invalid, args.task)
-        describe = str(args.input)
+        describe = args.describe or str(args.input)
     else:
         from halwatch.data.splits import describe_fit_data, split_of
         from halwatch.eval.datasets import load_dataset
@@ -203,4 +203,4 @@ def labelled_input(args, scorer, labelled: bool = True):
     if unlabelled and labelled:
         raise InputError("record has no label: this needs 'label' on every record", unlabelled[0].where)
     samples, _ = encode_all(scorer, samples, args.skip_invalid)
-    return samples, (args.describe if args.input else None) or describe
+    return samples, describe
