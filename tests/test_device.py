@@ -1,6 +1,6 @@
 """Device and precision choices (``--device``, ``--dtype``), checked on the CPU: what a machine lacks is refused by
-name, bfloat16 scoring works and is cached apart from float32, and a detector fitted in float32 warns when it scores
-another precision. Batches chosen by a token budget."""
+name, bfloat16 scoring works and is cached apart from float32, and a detector fitted in one precision (the default:
+bfloat16) warns when it scores another. Batches chosen by a token budget."""
 
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ def test_the_default_command_scores_in_bfloat16_on_such_a_cpu(halwatch, monkeypa
     with caplog.at_level(logging.WARNING, logger="halwatch"):
         done = halwatch(*args)
     assert '"hallucinated": false' in done.stdout
-    warned = [r.getMessage() for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
-    assert len(warned) == 1 and "--dtype float32 scores as it was fitted" in warned[0], warned
+    assert not [r for r in caplog.records if "signals and scores" in r.getMessage()]  # fitted as it runs
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="halwatch"):
         pinned = halwatch(*args, "--dtype", "float32")
-    assert not [r for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "scores float32 ones" in r.getMessage()]
+    assert len(warned) == 1 and "--dtype bfloat16 scores as it was fitted" in warned[0], warned
     assert json.loads(pinned.stdout)["score"] != json.loads(done.stdout)["score"]  # they differ in the last places
 
 
@@ -87,7 +87,8 @@ def test_the_command_refuses_a_device_this_machine_lacks(halwatch):
     assert bad.returncode == 2 and "must be at least 1" in bad.stderr
 
 
-def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, probe_by_size, tmp_path, caplog):
+def test_bfloat16_scores_are_cached_apart_and_float32_ones_warn_against_a_bfloat16_fit(smol, probe_by_size,
+                                                                                       tmp_path, caplog):
     # the two shortest answers: bfloat16 matrix products are slow on a CPU without native support (minutes for four)
     samples = probe_by_size[:2]
     half = Scorer(model="smollm2-135m", device="cpu", dtype="bfloat16", cache=tmp_path, max_tokens=512)
@@ -97,13 +98,13 @@ def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, p
     view, request = full.encode(samples[0]), whitebox_request(smol)
     assert half.cache_key(view, request) != full.cache_key(view, request)
     with caplog.at_level(logging.WARNING, logger="halwatch"):
-        det_half = load_detector("default", scorer=half)
+        det_full = load_detector("default", scorer=full)
     warned = [r.getMessage() for r in caplog.records
-              if "fitted on float32 signals and scores bfloat16" in r.getMessage()]
+              if "fitted on bfloat16 signals and scores float32" in r.getMessage()]
     assert len(warned) == 1 and "'routed'" in warned[0], warned  # one warning for the default, not one per part
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="halwatch"):
-        det_full = load_detector("default", scorer=full)
+        det_half = load_detector("default", scorer=half)
     assert not [r for r in caplog.records if "signals and scores" in r.getMessage()]
     a, b = det_half.score(samples), det_full.score(samples)
     assert np.all(np.isfinite(a)) and np.max(np.abs(a - b)) < 0.05, (a, b)
@@ -117,13 +118,13 @@ def test_bfloat16_scores_are_cached_apart_and_warn_against_a_float32_fit(smol, p
 def test_a_detector_that_makes_its_own_scorer_warns_too(probe_by_size, monkeypatch, caplog):
     """Loaded without a scorer, a detector makes one from its artifact on first use; where `auto` then picks
     another precision than the fitted one, it warns as the command does."""
-    monkeypatch.setenv("HALWATCH_DTYPE", "bfloat16")
+    monkeypatch.setenv("HALWATCH_DTYPE", "float32")  # the session's pin, named: the default was fitted in bfloat16
     det = load_detector("default")
     with caplog.at_level(logging.WARNING, logger="halwatch"):
         p = det.score(probe_by_size[:1])
-    warned = [r.getMessage() for r in caplog.records if "scores bfloat16 ones" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "scores float32 ones" in r.getMessage()]
     assert len(warned) == 1 and "'routed'" in warned[0] and 0 <= p[0] <= 1, warned
-    assert det.scorer.identity()["dtype"] == "bfloat16"
+    assert det.scorer.identity()["dtype"] == "float32"
 
 
 def test_batches_by_token_budget(smol):

@@ -1,4 +1,5 @@
-"""The shipped default (fitted on float32 signals) scoring the same answers on the CPU in float32 and in bfloat16:
+"""The shipped default (fitted on float32 signals until 2026-12-06, on bfloat16 ones since: its artifact's "dtype")
+scoring the same answers on the CPU in float32 and in bfloat16:
 how far the probabilities move, how many verdicts flip at the part's shipped threshold, the AUROC in each, and the
 answers/s of each (whole scoring path, one process, no signal cache, the model loaded before the clock). A seeded
 sample of N dev answers of DATASET; these dev answers were part of the default's fit, so the AUROCs compare the two
