@@ -30,7 +30,8 @@ def test_score_one_answer():
     assert set(result) == {"id", "score", "hallucinated", "threshold", "spans", "offset_unit", "detector",
                            "scoring_model", "input_mode", "truncated", "windows", "ood", "task"}
     assert result["offset_unit"] == "unicode_code_point"
-    assert set(result["ood"]) == {"distance", "percentile", "extrapolated"}
+    assert set(result["ood"]) == {"distance", "percentile", "extrapolated", "weak", "held_out_auroc"}
+    assert result["ood"]["weak"] is False and 0.7 <= result["ood"]["held_out_auroc"] < 1  # the qa part's
     assert 0 <= result["score"] <= 1 and result["scoring_model"] == "smollm2-135m" and result["input_mode"] == "raw"
     for span in result["spans"]:
         assert "Insulin is produced by red blood cells in the bone marrow."[span["start"] : span["end"]] == span["text"]

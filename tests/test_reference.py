@@ -1,6 +1,6 @@
 """What users get does not move when the code's shape does: `halwatch score` and `halwatch serve` on the README demo
 and 50 RAGTruth test answers return what they returned when tests/reference/record.py recorded them (at 8335ab3,
-before the one scoring path), field for field.
+before the one scoring path; again at 2757e60 for the refitted default, the code unchanged), field for field.
 
 The recording is float32 on one machine; another CPU's float32 kernels may round the last bit of a sum differently,
 so the probabilities and confidences (rounded to 4 decimals) may differ by one unit in the last place: they are

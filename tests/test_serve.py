@@ -92,7 +92,9 @@ def test_single_and_batched_scores_equal_the_command(service, items, tmp_path, h
     assert listing["default"] == "default"
     assert {d["name"] for d in listing["detectors"]} == {"default", "lookback-lens"}
     assert all("ragtruth" in d["fitted_on"]["data"].lower() for d in listing["detectors"])
-    assert all(d["dtype"] == d["scored_in"] == "float32" for d in listing["detectors"])  # the session's pin
+    fitted = {d["name"]: d["dtype"] for d in listing["detectors"]}
+    assert fitted == {"default": "bfloat16", "lookback-lens": "float32"}  # as each artifact was fitted
+    assert all(d["scored_in"] == "float32" for d in listing["detectors"])  # the session's pin
 
 
 def test_the_model_loads_warms_and_scores_on_one_thread(smol, monkeypatch):
