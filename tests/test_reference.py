@@ -9,26 +9,27 @@ compared to 2e-4, every other field (verdict, threshold, span offsets and text, 
 import json
 from pathlib import Path
 
-import httpx2 as httpx
 import pytest
-
-from halwatch.serve.common import Running
-from halwatch.serve.scoring import Limits, build_app
 
 HERE = Path(__file__).resolve().parent / "reference"
 RECORDED = json.loads((HERE / "verdicts.json").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
-def items():
+def recorder():
+    """tests/reference/record.py as a module: the answers it recorded and the request it sent."""
     import sys
 
     sys.path.insert(0, str(HERE))
     try:
-        from record import records
+        import record
     finally:
         sys.path.remove(str(HERE))
-    found = records()
+    return record
+
+
+@pytest.fixture(scope="module")
+def items():
+    found = recorder().records()
     assert [r["id"] for r in found] == [r["id"] for r in RECORDED["command"]]
     return found
 
@@ -64,13 +65,7 @@ def test_the_command_returns_what_it_returned(items, tmp_path, halwatch):
 
 
 def test_the_service_returns_what_it_returned(items, smol):
-    # one request of all 56 answers: an hour's limit, so that a machine slowed by other work does not refuse it
-    limits = Limits(max_items=len(items), timeout=3600, queue_tokens=1 << 24)
-    running = Running(build_app(["default"], models={"smollm2-135m": smol}, limits=limits))
-    try:
-        served = httpx.post(running.url + "/v1/score", json=items, timeout=3600).json()
-    finally:
-        running.stop()
+    served = recorder().serve_all(items, models={"smollm2-135m": smol})  # one request of all 56, as recorded
     assert len(served) == len(RECORDED["served"])
     for got, expected in zip(served, RECORDED["served"]):
         same(got, expected)

@@ -48,6 +48,23 @@ def records() -> list[dict]:
     return demo + rag
 
 
+def serve_all(items: list[dict], models: dict | None = None) -> list:
+    """What `POST /v1/score` returns for all ``items`` in one request, from the shipped default on a server started
+    on a loopback port for it (and stopped): an hour's limit, so that the service's time estimate does not refuse the
+    request on a slow or busy machine. ``models`` hands the server models already loaded."""
+    import httpx2 as httpx
+
+    from halwatch.serve.common import Running
+    from halwatch.serve.scoring import Limits, build_app
+
+    limits = Limits(max_items=len(items), timeout=3600, queue_tokens=1 << 24)
+    running = Running(build_app(["default"], models=models, limits=limits))
+    try:
+        return httpx.post(running.url + "/v1/score", json=items, timeout=3600).json()
+    finally:
+        running.stop()
+
+
 def main() -> None:
     assert os.environ.get("HALWATCH_DTYPE") == "float32", "record in float32 (HALWATCH_DTYPE=float32)"
     items = records()
@@ -57,18 +74,7 @@ def main() -> None:
         out = subprocess.run([sys.executable, "-m", "halwatch", "score", "--input", str(path), "--output", "-",
                               "--no-cache"], check=True, capture_output=True, text=True).stdout
     command = [json.loads(line) for line in out.splitlines()]
-    import httpx2 as httpx
-
-    from halwatch.serve.common import Running
-    from halwatch.serve.scoring import Limits, build_app
-
-    # the test's limits: one request of all answers, an hour's limit (the time estimate refuses it under 120 s)
-    limits = Limits(max_items=len(items), timeout=3600, queue_tokens=1 << 24)
-    running = Running(build_app(["default"], limits=limits))
-    try:
-        served = httpx.post(running.url + "/v1/score", json=items, timeout=3600).json()
-    finally:
-        running.stop()
+    served = serve_all(items)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     (HERE / "verdicts.json").write_text(json.dumps({
